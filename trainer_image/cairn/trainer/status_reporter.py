@@ -1,0 +1,152 @@
+"""Rank 0's reporter of checkpoint facts to its own TrainingJob's status.
+
+The writer knows what was committed and uploaded; the operator cannot see the
+volume. So rank 0 patches `status.step` and `status.checkpoints` of its own
+TrainingJob through the status subresource, with its own field manager, and
+nothing else (the operator owns every other status field). Patches are
+throttled: `update()` only records the latest state, and one background
+thread sends at most one patch per `min_interval_seconds`, always the newest
+state, never an intermediate one twice. `close()` flushes the last state, so
+the final commit is never lost. When the API is unreachable the thread keeps
+the newest state and retries with backoff; training never blocks on it.
+"""
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cairn.api import trainingjob
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "cairn-writer"
+DEFAULT_MIN_INTERVAL_SECONDS = 2.0
+MAX_BACKOFF_SECONDS = 30.0
+
+PatchFn = Callable[[dict[str, Any]], None]
+
+
+@dataclasses.dataclass(kw_only=True)
+class ReporterStats:
+    """What the reporter did, for tests and metrics."""
+
+    patches_sent: int = 0
+    patch_failures: int = 0
+    updates: int = 0
+
+
+def status_body(
+    *, step: int | None, checkpoints: trainingjob.CheckpointsStatus | None
+) -> dict[str, Any]:
+    """Pure: the merge patch of the writer's fields, in the CRD's camelCase."""
+    status: dict[str, Any] = {}
+    if step is not None:
+        status["step"] = step
+    if checkpoints is not None:
+        status["checkpoints"] = checkpoints.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return {"status": status}
+
+
+def kubernetes_patcher(*, api_client: Any, namespace: str, name: str) -> PatchFn:
+    """A PatchFn that merge-patches the TrainingJob's /status as FIELD_MANAGER."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api_client)
+    group, version = trainingjob.API_VERSION.split("/")
+
+    def patch(body: dict[str, Any]) -> None:
+        custom.api_client.call_api(
+            f"/apis/{group}/{version}/namespaces/{{namespace}}/{trainingjob.PLURAL}/{{name}}/status",
+            "PATCH",
+            path_params={"namespace": namespace, "name": name},
+            query_params=[("fieldManager", FIELD_MANAGER)],
+            header_params={
+                "Content-Type": "application/merge-patch+json",
+                "Accept": "application/json",
+            },
+            body=body,
+            auth_settings=["BearerToken"],
+            response_type="object",
+            _request_timeout=10,
+        )
+
+    return patch
+
+
+class StatusReporter:
+    """Throttled, never-blocking, latest-wins reporter (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        patch: PatchFn,
+        min_interval_seconds: float = DEFAULT_MIN_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._patch = patch
+        self._interval = min_interval_seconds
+        self._clock = clock
+        self._lock = threading.Condition()
+        self._pending: dict[str, Any] | None = None
+        self._closed = False
+        self._last_sent_at = -float("inf")
+        self.stats = ReporterStats()
+        self._thread = threading.Thread(target=self._run, name="cairn-status-reporter", daemon=True)
+        self._thread.start()
+
+    def update(
+        self, *, step: int | None, checkpoints: trainingjob.CheckpointsStatus | None
+    ) -> None:
+        """Record the newest state; returns at once."""
+        body = status_body(step=step, checkpoints=checkpoints)
+        with self._lock:
+            self._pending = body
+            self.stats.updates += 1
+            self._lock.notify()
+
+    def close(self, *, timeout_seconds: float = 10.0) -> bool:
+        """Send the last state (waiting out the throttle) and stop; False if it could not."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join(timeout_seconds)
+        with self._lock:
+            return self._pending is None and not self._thread.is_alive()
+
+    def _run(self) -> None:
+        backoff = self._interval
+        while True:
+            with self._lock:
+                while self._pending is None and not self._closed:
+                    self._lock.wait()
+                if self._pending is None:
+                    return
+                wait = self._last_sent_at + self._interval - self._clock()
+                if wait > 0:
+                    # Latest-wins: updates arriving meanwhile replace the pending body.
+                    self._lock.wait(wait)
+                    continue
+                body = self._pending
+                self._pending = None
+            try:
+                self._patch(body)
+            except Exception as exc:  # any API failure: keep training, retry later
+                log.warning("status patch failed, will retry", extra={"error": str(exc)})
+                with self._lock:
+                    self.stats.patch_failures += 1
+                    if self._pending is None:
+                        self._pending = body
+                    self._last_sent_at = self._clock()
+                    closing = self._closed
+                if closing and self.stats.patch_failures > 3:
+                    return
+                time.sleep(min(backoff, MAX_BACKOFF_SECONDS) if not closing else 0.5)
+                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                continue
+            backoff = self._interval
+            with self._lock:
+                self.stats.patches_sent += 1
+                self._last_sent_at = self._clock()
