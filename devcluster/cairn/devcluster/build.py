@@ -135,8 +135,7 @@ def build(bundle: Bundle, *, log: pathlib.Path) -> float:
                 f"proxy is unreachable (check GOPROXY / network); details in {log}"
             )
         raise errors.DevclusterError(
-            f"building {bundle.name} {bundle.version} failed (exit {proc.returncode}); "
-            f"see {log}"
+            f"building {bundle.name} {bundle.version} failed (exit {proc.returncode}); see {log}"
         )
     shutil.rmtree(bundle.bin_dir, ignore_errors=True)
     staging.rename(bundle.bin_dir)

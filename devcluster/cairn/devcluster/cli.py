@@ -21,7 +21,7 @@ def _up(target: cluster.Cluster) -> int:
         f"devcluster: up at {target.server} (Kubernetes {build.KUBERNETES_VERSION}, "
         f"etcd {build.ETCD_VERSION}; build: {built}; ready in {report.ready_seconds:.1f}s)"
     )
-    print(f"devcluster: S3 at {target.s3_endpoint}; run `eval \"$(devcluster env)\"` for clients")
+    print(f'devcluster: S3 at {target.s3_endpoint}; run `eval "$(devcluster env)"` for clients')
     return 0
 
 
@@ -72,5 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"devcluster: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("devcluster: interrupted; run `devcluster down` to stop what started", file=sys.stderr)
+        print(
+            "devcluster: interrupted; run `devcluster down` to stop what started", file=sys.stderr
+        )
         return 130

@@ -107,9 +107,7 @@ def _check_ports(cluster: Cluster) -> None:
 
 def _admin_ssl_context(cluster: Cluster) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(cluster.state.pki / "ca.crt"))
-    ctx.load_cert_chain(
-        str(cluster.state.pki / "admin.crt"), str(cluster.state.pki / "admin.key")
-    )
+    ctx.load_cert_chain(str(cluster.state.pki / "admin.crt"), str(cluster.state.pki / "admin.key"))
     return ctx
 
 
@@ -260,7 +258,9 @@ def up(cluster: Cluster) -> UpReport:
 
     _spawn(cluster, "etcd", controlplane.etcd_command(state=state, ports=cluster.ports))
     _spawn(cluster, "s3", _s3_command(cluster))
-    _spawn(cluster, "kube-apiserver", controlplane.apiserver_command(state=state, ports=cluster.ports))
+    _spawn(
+        cluster, "kube-apiserver", controlplane.apiserver_command(state=state, ports=cluster.ports)
+    )
     _wait(
         "the API server's /readyz",
         lambda: api_get(cluster, "/readyz")[0] == 200,
@@ -279,7 +279,13 @@ def up(cluster: Cluster) -> UpReport:
         cluster=cluster,
         log="kube-controller-manager",
     )
-    _wait("Ready nodes", lambda: _nodes_ready(cluster), deadline=deadline, cluster=cluster, log="agent")
+    _wait(
+        "Ready nodes",
+        lambda: _nodes_ready(cluster),
+        deadline=deadline,
+        cluster=cluster,
+        log="agent",
+    )
     _write_env_file(cluster)
     return UpReport(
         build_seconds=build_seconds,

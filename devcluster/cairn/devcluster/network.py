@@ -27,7 +27,9 @@ NETNS_PREFIX = "cairn-"
 ETC_NETNS = pathlib.Path("/etc/netns")
 
 
-def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _ip(
+    *args: str, netns: str | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     argv = ["ip", *(("-n", netns) if netns else ()), *args]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)

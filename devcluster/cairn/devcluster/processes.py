@@ -19,6 +19,11 @@ from collections.abc import Mapping, Sequence
 from cairn.devcluster import errors
 
 
+# Children started by this process, kept so they can be reaped (and so that
+# Popen does not warn about a running child it is collected with).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Tracked:
     """A process we started: its PID and the start time that makes it unique."""
@@ -78,6 +83,7 @@ def spawn(
             )
         except FileNotFoundError as exc:
             raise errors.DevclusterError(f"cannot start {name}: {exc}") from exc
+    _CHILDREN[proc.pid] = proc
     ticks = _start_ticks(proc.pid)
     tracked = Tracked(name=name, pid=proc.pid, start_ticks=ticks if ticks is not None else -1)
     pidfile.write_text(json.dumps(dataclasses.asdict(tracked)))
@@ -113,5 +119,6 @@ def stop_pidfile(pidfile: pathlib.Path, *, grace_seconds: float) -> None:
 
 def _reap(pid: int) -> None:
     """Collect our own child's exit status so it does not linger as a zombie."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        del _CHILDREN[pid]

@@ -63,9 +63,7 @@ def stray_sockets(ports: S3Ports) -> list[pathlib.Path]:
     tmp = pathlib.Path("/tmp")
     return [
         tmp / f"seaweedfs-{name}-grpc-{port + 10000}.sock"
-        for name, port in zip(
-            ("s3", "master", "volume", "filer", "admin"), ports.http, strict=True
-        )
+        for name, port in zip(("s3", "master", "volume", "filer", "admin"), ports.http, strict=True)
     ]
 
 

@@ -65,7 +65,10 @@ def test_env_volumes_token_and_logs(devcluster: Any, namespace: str) -> None:
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
             "metadata": {"name": "data"},
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
         },
     )
     pod = kh.python_pod(
@@ -189,9 +192,11 @@ def test_delete_sends_sigterm_then_sigkill(devcluster: Any, namespace: str, tmp_
     )
     core.create_namespaced_pod(namespace, pod)
     kh.wait_for(
-        lambda: "ready" in kh.pod_log(core, "stubborn", namespace)
-        if kh.pod_phase(core, "stubborn", namespace) == "Running"
-        else False,
+        lambda: (
+            "ready" in kh.pod_log(core, "stubborn", namespace)
+            if kh.pod_phase(core, "stubborn", namespace) == "Running"
+            else False
+        ),
         timeout=60,
         what="the pod to run",
     )

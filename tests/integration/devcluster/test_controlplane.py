@@ -155,7 +155,9 @@ def test_rbac_with_token_request(devcluster: Any, namespace: str) -> None:
             role_ref=client.V1RoleRef(
                 api_group="rbac.authorization.k8s.io", kind="Role", name="read-configmaps"
             ),
-            subjects=[client.RbacV1Subject(kind="ServiceAccount", name="reader", namespace=namespace)],
+            subjects=[
+                client.RbacV1Subject(kind="ServiceAccount", name="reader", namespace=namespace)
+            ],
         ),
     )
     core.create_namespaced_config_map(

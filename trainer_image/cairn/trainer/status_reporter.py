@@ -46,7 +46,9 @@ def status_body(
     if step is not None:
         status["step"] = step
     if checkpoints is not None:
-        status["checkpoints"] = checkpoints.model_dump(mode="json", by_alias=True, exclude_none=True)
+        status["checkpoints"] = checkpoints.model_dump(
+            mode="json", by_alias=True, exclude_none=True
+        )
     return {"status": status}
 
 

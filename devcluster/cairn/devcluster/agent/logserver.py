@@ -32,7 +32,7 @@ def make_server(
     running: FollowAlive,
 ) -> http.server.ThreadingHTTPServer:
     class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             return
 
         def do_GET(self) -> None:
@@ -47,7 +47,9 @@ def make_server(
             log_dir = pod_dir / "logs" / container if pod_dir else None
             files = _files(log_dir) if log_dir and log_dir.exists() else []
             if not files:
-                self.send_error(404, f"no logs for container {container!r} of pod {namespace}/{pod}")
+                self.send_error(
+                    404, f"no logs for container {container!r} of pod {namespace}/{pod}"
+                )
                 return
             previous = query.get("previous", ["false"])[0] == "true"
             if previous and len(files) < 2:
@@ -57,7 +59,11 @@ def make_server(
             data = path.read_bytes()
             if "tailLines" in query:
                 lines = data.splitlines(keepends=True)
-                data = b"".join(lines[-int(query["tailLines"][0]) :]) if int(query["tailLines"][0]) else b""
+                data = (
+                    b"".join(lines[-int(query["tailLines"][0]) :])
+                    if int(query["tailLines"][0])
+                    else b""
+                )
             if "limitBytes" in query:
                 data = data[: int(query["limitBytes"][0])]
             self.send_response(200)

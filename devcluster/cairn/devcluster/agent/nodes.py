@@ -93,7 +93,13 @@ def node_status(spec: NodeSpec, *, now: str) -> dict[str, Any]:
 
 
 class NodeKeeper:
-    def __init__(self, *, core: client.CoreV1Api, coordination: client.CoordinationV1Api, nodes: list[NodeSpec]) -> None:
+    def __init__(
+        self,
+        *,
+        core: client.CoreV1Api,
+        coordination: client.CoordinationV1Api,
+        nodes: list[NodeSpec],
+    ) -> None:
         self.core = core
         self.coordination = coordination
         self.nodes = nodes
@@ -108,7 +114,11 @@ class NodeKeeper:
                 "kubernetes.io/arch": "amd64",
                 **spec.labels,
             }
-            body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": spec.name, "labels": labels}}
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": spec.name, "labels": labels},
+            }
             try:
                 self.core.create_node(body)
             except ApiException as exc:
@@ -124,10 +134,16 @@ class NodeKeeper:
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
             "metadata": {"name": spec.name, "namespace": "kube-node-lease"},
-            "spec": {"holderIdentity": spec.name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now},
+            "spec": {
+                "holderIdentity": spec.name,
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "renewTime": now,
+            },
         }
         try:
-            self.coordination.patch_namespaced_lease(spec.name, "kube-node-lease", {"spec": body["spec"]})
+            self.coordination.patch_namespaced_lease(
+                spec.name, "kube-node-lease", {"spec": body["spec"]}
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -142,7 +158,9 @@ class NodeKeeper:
                     self._renew_lease(spec)
                     if since_status >= STATUS_SECONDS:
                         now = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
-                        self.core.patch_node_status(spec.name, {"status": node_status(spec, now=now)})
+                        self.core.patch_node_status(
+                            spec.name, {"status": node_status(spec, now=now)}
+                        )
                 except Exception:  # the API may be restarting: try again next round
                     continue
             if since_status >= STATUS_SECONDS:

@@ -83,7 +83,16 @@ def _field(pod: Obj, path: str, *, pod_ip: str, host_ip: str) -> str:
 
 
 def _quantity(value: str) -> float:
-    units = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9}
+    units = {
+        "m": 1e-3,
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+        "k": 1e3,
+        "M": 1e6,
+        "G": 1e9,
+    }
     for suffix, factor in units.items():
         if value.endswith(suffix):
             return float(value[: -len(suffix)]) * factor

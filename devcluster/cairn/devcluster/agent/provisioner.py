@@ -43,7 +43,9 @@ def ensure_storage_class(storage: client.StorageV1Api) -> None:
 
 
 class Provisioner:
-    def __init__(self, *, core: client.CoreV1Api, storage: client.StorageV1Api, root: pathlib.Path) -> None:
+    def __init__(
+        self, *, core: client.CoreV1Api, storage: client.StorageV1Api, root: pathlib.Path
+    ) -> None:
         self.core = core
         self.storage = storage
         self.root = root
@@ -68,7 +70,10 @@ class Provisioner:
         body = {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
-            "metadata": {"name": name, "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER}},
+            "metadata": {
+                "name": name,
+                "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER},
+            },
             "spec": {
                 "capacity": {"storage": size},
                 "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],

@@ -47,7 +47,9 @@ class Container:
     init: bool
     process: subprocess.Popen[bytes] | None = None
     restart_count: int = 0
-    state: Obj = dataclasses.field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
+    state: Obj = dataclasses.field(
+        default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}}
+    )
     last_state: Obj = dataclasses.field(default_factory=dict)
     next_start: float = 0.0
     done: bool = False  # terminated and will not restart
@@ -129,7 +131,9 @@ class PodWorker:
             return
         path = network.ETC_NETNS / network.netns_name(self.netns_index) / "hosts"
         if path.parent.exists():
-            network.write_in_place(path, hosts.hosts_file(own=self.address, cluster_records=records))
+            network.write_in_place(
+                path, hosts.hosts_file(own=self.address, cluster_records=records)
+            )
 
     # ------------------------------------------------------------- the loop
     @property
@@ -174,11 +178,14 @@ class PodWorker:
             pending_init = next((c for c in inits if not c.done), None)
             if pending_init is not None:
                 self._step(pending_init, policy="Never" if policy == "Never" else "OnFailure")
-                if pending_init.done and "terminated" in pending_init.state:
-                    if pending_init.state["terminated"]["exitCode"] != 0:
-                        for c in mains:
-                            c.done = True
-                            c.state = {"waiting": {"reason": "PodInitializing"}}
+                init_failed = (
+                    pending_init.done
+                    and pending_init.state.get("terminated", {}).get("exitCode", 0) != 0
+                )
+                if init_failed:
+                    for c in mains:
+                        c.done = True
+                        c.state = {"waiting": {"reason": "PodInitializing"}}
             else:
                 for container in mains:
                     self._step(container, policy=policy)
@@ -264,14 +271,22 @@ class PodWorker:
                 for key, store in (("secretKeyRef", secrets), ("secretRef", secrets)):
                     if key in ref and (self.namespace, ref[key]["name"]) not in store:
                         with contextlib.suppress(ApiException):
-                            data = self.ctx.core.read_namespaced_secret(ref[key]["name"], self.namespace).data or {}
+                            data = (
+                                self.ctx.core.read_namespaced_secret(
+                                    ref[key]["name"], self.namespace
+                                ).data
+                                or {}
+                            )
                             store[(self.namespace, ref[key]["name"])] = {
-                                k: base64.b64decode(v).decode(errors="replace") for k, v in data.items()
+                                k: base64.b64decode(v).decode(errors="replace")
+                                for k, v in data.items()
                             }
                 for key in ("configMapKeyRef", "configMapRef"):
                     if key in ref and (self.namespace, ref[key]["name"]) not in config_maps:
                         with contextlib.suppress(ApiException):
-                            cm = self.ctx.core.read_namespaced_config_map(ref[key]["name"], self.namespace)
+                            cm = self.ctx.core.read_namespaced_config_map(
+                                ref[key]["name"], self.namespace
+                            )
                             config_maps[(self.namespace, ref[key]["name"])] = dict(cm.data or {})
         return secrets, config_maps
 
@@ -313,17 +328,38 @@ class PodWorker:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{container.restart_count}.log"
         argv = [
-            "ip", "netns", "exec", network.netns_name(self.netns_index),
-            "unshare", "--uts", "--mount", "--propagation", "private",
-            sys.executable, "-m", "cairn.devcluster.agent.launch", str(plan_path),
+            "ip",
+            "netns",
+            "exec",
+            network.netns_name(self.netns_index),
+            "unshare",
+            "--uts",
+            "--mount",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-m",
+            "cairn.devcluster.agent.launch",
+            str(plan_path),
         ]
         with log_path.open("ab") as out:
             container.process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=self.dir,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.dir,
             )
         container.state = {"running": {"startedAt": _now()}}
-        log.info("container started", extra={"pod": f"{self.namespace}/{self.name}", "container": container.name, "pid": container.process.pid})
+        log.info(
+            "container started",
+            extra={
+                "pod": f"{self.namespace}/{self.name}",
+                "container": container.name,
+                "pid": container.process.pid,
+            },
+        )
 
     def _step(self, container: Container, *, policy: str) -> None:
         if container.done:
@@ -350,10 +386,17 @@ class PodWorker:
             restart = False
         if restart:
             container.last_state = {"terminated": terminated}
-            delay = min(self.ctx.backoff_base_seconds * 2**container.restart_count, MAX_BACKOFF_SECONDS)
+            delay = min(
+                self.ctx.backoff_base_seconds * 2**container.restart_count, MAX_BACKOFF_SECONDS
+            )
             container.restart_count += 1
             container.next_start = time.monotonic() + delay
-            container.state = {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off {delay:.0f}s restarting failed container"}}
+            container.state = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off {delay:.0f}s restarting failed container",
+                }
+            }
         else:
             container.state = {"terminated": terminated}
             container.done = True
@@ -362,15 +405,23 @@ class PodWorker:
     def _phase(self) -> str:
         mains = [c for c in self._containers if not c.init]
         if mains and all(c.done for c in mains):
-            failed = any(c.state.get("terminated", {}).get("exitCode", 1) != 0 or "waiting" in c.state for c in mains)
+            failed = any(
+                c.state.get("terminated", {}).get("exitCode", 1) != 0 or "waiting" in c.state
+                for c in mains
+            )
             return "Failed" if failed else "Succeeded"
-        if any(c.process is not None or "running" in c.state for c in mains) or any(c.restart_count for c in mains):
+        if any(c.process is not None or "running" in c.state for c in mains) or any(
+            c.restart_count for c in mains
+        ):
             return "Running"
         return "Pending"
 
     def _status_body(self, *, phase: str, containers: list[Obj], inits: list[Obj]) -> Obj:
         ready = phase == "Running" and all(c.get("ready") for c in containers)
-        initialized = all("terminated" in c.get("state", {}) and c["state"]["terminated"]["exitCode"] == 0 for c in inits)
+        initialized = all(
+            "terminated" in c.get("state", {}) and c["state"]["terminated"]["exitCode"] == 0
+            for c in inits
+        )
 
         def cond(kind: str, ok: bool) -> Obj:
             return {"type": kind, "status": "True" if ok else "False"}
@@ -417,7 +468,9 @@ class PodWorker:
             self._last_status = status
         except ApiException as exc:
             if exc.status != 404:
-                log.warning("pod status patch failed", extra={"pod": self.name, "status": exc.status})
+                log.warning(
+                    "pod status patch failed", extra={"pod": self.name, "status": exc.status}
+                )
 
     # ------------------------------------------------------------- teardown
     def _terminate(self, *, grace: float) -> None:
@@ -425,7 +478,9 @@ class PodWorker:
         for container in live:
             _signal(container, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(c.process and c.process.poll() is None for c in live):
+        while time.monotonic() < deadline and any(
+            c.process and c.process.poll() is None for c in live
+        ):
             time.sleep(0.1)
         for container in live:
             if container.process and container.process.poll() is None:
@@ -435,7 +490,13 @@ class PodWorker:
             if container.process is not None:
                 code = container.process.poll()
                 exit_code = 137 if code is None else (code if code >= 0 else 128 - code)
-                container.state = {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed", "finishedAt": _now()}}
+                container.state = {
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "reason": "Error" if exit_code else "Completed",
+                        "finishedAt": _now(),
+                    }
+                }
                 container.process = None
                 container.done = True
 

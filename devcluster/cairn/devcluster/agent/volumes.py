@@ -58,10 +58,13 @@ def _downward(pod: Obj, items: list[Obj], *, pod_ip: str) -> dict[str, bytes]:
     out = {}
     for item in items:
         if "fieldRef" in item:
-            value = podspec._field(pod, item["fieldRef"]["fieldPath"], pod_ip=pod_ip, host_ip="127.0.0.1")
+            value = podspec._field(
+                pod, item["fieldRef"]["fieldPath"], pod_ip=pod_ip, host_ip="127.0.0.1"
+            )
         else:
             container = next(
-                c for c in pod["spec"]["containers"]
+                c
+                for c in pod["spec"]["containers"]
                 if c["name"] == item["resourceFieldRef"].get("containerName", c["name"])
             )
             value = podspec._resource_field(container, item["resourceFieldRef"])
