@@ -6,6 +6,7 @@ temporary directory and ports, started and stopped by PID.
 
 import dataclasses
 import pathlib
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -60,7 +61,30 @@ def _ready(endpoint: str) -> bool:
         return False
 
 
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port(start: int) -> int:
+    """The first S3 port from `start` (in steps of 10) whose every port is free.
+
+    Concurrent test sessions each get their own server instead of silently
+    talking to another session's (with other credentials).
+    """
+    for base in range(start, start + 2000, 10):
+        if all(_free(p) for p in s3.S3Ports(s3=base).all):
+            return base
+    raise errors.DevclusterError(f"no free port range for an S3 server from {start}")
+
+
 def start(*, root: pathlib.Path, s3_port: int) -> S3Server:
+    """Start a server on the first free port range at or above `s3_port`."""
+    s3_port = free_base_port(s3_port)
     ports = s3.S3Ports(s3=s3_port)
     argv = s3.command(data_dir=root, log_dir=root / "logs", ports=ports, bind="127.0.0.1")
     tracked = processes.spawn(
@@ -78,10 +102,10 @@ def start(*, root: pathlib.Path, s3_port: int) -> S3Server:
     )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        if _ready(server.endpoint_url):
-            return server
         if not processes.is_alive(tracked):
             raise errors.DevclusterError(f"the S3 server exited at start; see {root / 's3.log'}")
+        if _ready(server.endpoint_url):
+            return server
         time.sleep(0.2)
     server.stop()
     raise errors.DevclusterError(f"the S3 server did not answer in time; see {root / 's3.log'}")

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cairn.api import trainingjob
+from cairn.api import jobstatus, trainingjob
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class ReporterStats:
 
 
 def status_body(
-    *, step: int | None, checkpoints: trainingjob.CheckpointsStatus | None
+    *, step: int | None, checkpoints: jobstatus.CheckpointsStatus | None
 ) -> dict[str, Any]:
     """Pure: the merge patch of the writer's fields, in the CRD's camelCase."""
     status: dict[str, Any] = {}
@@ -99,9 +99,7 @@ class StatusReporter:
         self._thread = threading.Thread(target=self._run, name="cairn-status-reporter", daemon=True)
         self._thread.start()
 
-    def update(
-        self, *, step: int | None, checkpoints: trainingjob.CheckpointsStatus | None
-    ) -> None:
+    def update(self, *, step: int | None, checkpoints: jobstatus.CheckpointsStatus | None) -> None:
         """Record the newest state; returns at once."""
         body = status_body(step=step, checkpoints=checkpoints)
         with self._lock:
