@@ -1,0 +1,90 @@
+"""The env the operator builds for a pod is exactly what the trainer parses.
+
+Covers: for each example TrainingJob, the operator's pod builder's env is
+resolved the way the node agent (a kubelet) resolves it, and
+`runtime_config.from_env` turns it into the checkpoint options, resume
+target and reporting settings the spec asked for — so the two sides of the
+contract cannot drift apart unnoticed.
+"""
+
+import pathlib
+
+import pytest
+import yaml
+
+from cairn.api import podenv, trainingjob
+from cairn.devcluster.agent import podspec
+from cairn.operator import builders
+from cairn.trainer import runtime_config
+
+EXAMPLES = sorted(
+    p
+    for p in (pathlib.Path(__file__).resolve().parents[3] / "examples").glob("*.yaml")
+    if yaml.safe_load(p.read_text()).get("kind") == "TrainingJob"
+)
+
+
+def _job(path: pathlib.Path) -> trainingjob.TrainingJob:
+    raw = yaml.safe_load(path.read_text())
+    raw["metadata"].setdefault("namespace", "team-a")
+    raw["metadata"]["uid"] = "0000-uid"
+    return trainingjob.TrainingJob.model_validate(raw)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_operator_env_parses_into_the_spec(path: pathlib.Path, rank: int) -> None:
+    job = _job(path)
+    if rank >= job.spec.nodes:
+        pytest.skip("single-node job")
+    resume = podenv.ResumeTarget(kind="step", step=40)
+    pod = builders.pod(job, attempt=3, rank=rank, resume=resume)
+    container = pod["spec"]["containers"][0]
+    upload = job.spec.checkpoint.upload
+    secrets = {}
+    if upload is not None and upload.credentials_secret_ref is not None:
+        ref = upload.credentials_secret_ref
+        secrets[("team-a", ref.name)] = {
+            ref.access_key_id_key: "AKIA-test",
+            ref.secret_access_key_key: "secret-test",
+        }
+    env = podspec.container_env(
+        pod=dict(pod),
+        container=dict(container),
+        pod_ip="10.244.1.9",
+        host_ip="127.0.0.1",
+        secrets=secrets,
+        config_maps={},
+        base={},
+    )
+    cfg = runtime_config.from_env(env)
+    spec = job.spec.checkpoint
+    assert cfg.job_name == job.metadata.name
+    assert cfg.namespace == "team-a"
+    assert cfg.attempt == 3
+    assert cfg.node_rank == rank
+    assert cfg.resume == resume
+    assert cfg.report_status is (rank == 0)
+    assert cfg.checkpoint.directory == pathlib.Path(spec.mount_path)
+    assert cfg.checkpoint.interval_steps == spec.interval_steps
+    assert cfg.checkpoint.interval_seconds == spec.interval_seconds
+    assert cfg.checkpoint.keep_last == spec.retention.local.keep_last
+    assert cfg.checkpoint.max_bytes == spec.retention.local.max_bytes
+    assert cfg.checkpoint.attempt == 3
+    if upload is None:
+        assert cfg.checkpoint.s3 is None
+    else:
+        assert cfg.checkpoint.s3 is not None
+        assert cfg.checkpoint.s3.uri == upload.uri
+        assert cfg.checkpoint.s3.endpoint_url == upload.endpoint
+        assert cfg.checkpoint.s3.concurrency == upload.concurrency
+        if upload.credentials_secret_ref is not None:
+            assert env[podenv.AWS_ACCESS_KEY_ID] == "AKIA-test"
+    assert env[podenv.WORLD_SIZE] == str(job.spec.nodes * job.spec.procs_per_node)
+
+
+def test_malformed_values_name_the_variable() -> None:
+    with pytest.raises(ValueError, match="CAIRN_CHECKPOINT_INTERVAL_STEPS"):
+        runtime_config.from_env({podenv.CHECKPOINT_INTERVAL_STEPS: "five"})
+    with pytest.raises(ValueError, match="CAIRN_RESUME_FROM"):
+        runtime_config.from_env({podenv.RESUME_FROM: "yesterday"})
