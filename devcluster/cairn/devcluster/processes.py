@@ -18,7 +18,6 @@ from collections.abc import Mapping, Sequence
 
 from cairn.devcluster import errors
 
-
 # Children started by this process, kept so they can be reaped (and so that
 # Popen does not warn about a running child it is collected with).
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from cairn.api import trainingjob
+from cairn.api import jobstatus
 from cairn.trainer import status_reporter
 
 
@@ -30,9 +30,9 @@ class RecordingPatch:
             self.bodies.append(body)
 
 
-def _checkpoints(step: int) -> trainingjob.CheckpointsStatus:
-    return trainingjob.CheckpointsStatus(
-        last_committed=trainingjob.CommittedCheckpoint(
+def _checkpoints(step: int) -> jobstatus.CheckpointsStatus:
+    return jobstatus.CheckpointsStatus(
+        last_committed=jobstatus.CommittedCheckpoint(
             step=step,
             time=datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC),
             bytes=1024,

@@ -1,0 +1,109 @@
+"""The pod contract: environment variables the operator sets in every rank's pod.
+
+Pure. The operator's builders write these names (``cairn.operator.builders``);
+the trainer image reads them (its launcher and checkpoint writer). Both sides
+import this one module, so a rename breaks both at once instead of silently.
+
+The trainer container runs the user's ``command``/``args`` verbatim. The
+``PET_*`` variables are torchrun's own defaults for its flags (``--nnodes``,
+``--nproc-per-node``, ``--node-rank``, ``--master-addr``, ``--master-port``,
+``--max-restarts``), so ``torchrun script.py`` needs no flags. For a plain
+``python`` command with one process per node, the ``env://`` variables
+(``MASTER_ADDR``, ``WORLD_SIZE``, ``RANK``…) are set as well.
+"""
+
+import dataclasses
+from typing import Literal
+
+# --- identity ------------------------------------------------------------
+JOB_NAME = "CAIRN_JOB_NAME"
+NAMESPACE = "CAIRN_NAMESPACE"
+JOB_UID = "CAIRN_JOB_UID"
+ATTEMPT = "CAIRN_ATTEMPT"
+"""1-based attempt number; a new attempt starts after every gang restart or resume."""
+POD_NAME = "CAIRN_POD_NAME"
+NODE_RANK = "CAIRN_NODE_RANK"
+NNODES = "CAIRN_NNODES"
+NPROC_PER_NODE = "CAIRN_NPROC_PER_NODE"
+MASTER_ADDR_CAIRN = "CAIRN_MASTER_ADDR"
+MASTER_PORT_CAIRN = "CAIRN_MASTER_PORT"
+
+# --- checkpointing -----------------------------------------------------------
+CHECKPOINT_DIR = "CAIRN_CHECKPOINT_DIR"
+CHECKPOINT_INTERVAL_STEPS = "CAIRN_CHECKPOINT_INTERVAL_STEPS"
+CHECKPOINT_INTERVAL_SECONDS = "CAIRN_CHECKPOINT_INTERVAL_SECONDS"
+ASYNC_MODE = "CAIRN_ASYNC_MODE"
+KEEP_LAST = "CAIRN_KEEP_LAST"
+MAX_BYTES = "CAIRN_MAX_BYTES"
+FINAL_CHECKPOINT_GRACE_SECONDS = "CAIRN_FINAL_CHECKPOINT_GRACE_SECONDS"
+"""The pod's termination grace period: the budget for the SIGTERM checkpoint."""
+RESUME_FROM = "CAIRN_RESUME_FROM"
+"""See :func:`format_resume` / :func:`parse_resume`."""
+
+# --- S3 durable tier ---------------------------------------------------------
+UPLOAD_URI = "CAIRN_UPLOAD_URI"
+UPLOAD_CONCURRENCY = "CAIRN_UPLOAD_CONCURRENCY"
+AWS_ENDPOINT_URL_S3 = "AWS_ENDPOINT_URL_S3"
+AWS_REGION = "AWS_REGION"
+AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+
+# --- status reporting (rank 0's writer -> TrainingJob /status) -------------
+REPORT_STATUS = "CAIRN_REPORT_STATUS"
+""""1" when the writer should patch the job's status (the pod has the Role)."""
+
+# --- torchrun / torch.distributed ------------------------------------------
+PET_NNODES = "PET_NNODES"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+PET_MAX_RESTARTS = "PET_MAX_RESTARTS"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+WORLD_SIZE = "WORLD_SIZE"
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+
+MASTER_PORT_DEFAULT = 29500
+
+# --- the resume target ---------------------------------------------------------
+ResumeKind = Literal["latest", "none", "step", "uri"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ResumeTarget:
+    """What an attempt resumes from, as carried by ``CAIRN_RESUME_FROM``."""
+
+    kind: ResumeKind
+    step: int | None = None
+    uri: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.kind == "step") != (self.step is not None):
+            raise ValueError("ResumeTarget.step is set exactly when kind is 'step'")
+        if (self.kind == "uri") != (self.uri is not None):
+            raise ValueError("ResumeTarget.uri is set exactly when kind is 'uri'")
+
+
+def format_resume(target: ResumeTarget) -> str:
+    """``latest`` | ``none`` | ``step:<N>`` | ``s3://…``."""
+    if target.kind == "step":
+        return f"step:{target.step}"
+    if target.kind == "uri":
+        return str(target.uri)
+    return target.kind
+
+
+def parse_resume(value: str) -> ResumeTarget:
+    """Inverse of :func:`format_resume`; raises ValueError naming the variable."""
+    if value == "latest":
+        return ResumeTarget(kind="latest")
+    if value == "none":
+        return ResumeTarget(kind="none")
+    if value.startswith("step:") and value[5:].isdigit():
+        return ResumeTarget(kind="step", step=int(value[5:]))
+    if value.startswith("s3://"):
+        return ResumeTarget(kind="uri", uri=value)
+    raise ValueError(f"{RESUME_FROM}={value!r}: expected latest, none, step:<N> or s3://…")

@@ -1,0 +1,300 @@
+"""Pure builders of a job's children: the objects ``plan`` asks ``effects`` to create.
+
+Pure: a TrainingJob (+ attempt, rank, resume target) in, a typed Kubernetes
+payload out. Tests compare whole objects. Names come from ``names``, env var
+names from ``cairn.api.podenv`` (the contract with the trainer image).
+
+Per job (stable names, re-ensured by every attempt): ServiceAccount, a Role
+that may only get/patch this one TrainingJob's status (``resourceNames``), its
+RoleBinding, and the headless Service that gives each rank a DNS name.
+Per attempt: one Pod per node rank.
+"""
+
+from cairn.api import podenv, trainingjob
+from cairn.operator import k8stypes, names
+
+
+def owner_reference(job: trainingjob.TrainingJob) -> k8stypes.OwnerReference:
+    return {
+        "apiVersion": trainingjob.API_VERSION,
+        "kind": trainingjob.KIND,
+        "name": job.metadata.name,
+        "uid": job.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(
+    job: trainingjob.TrainingJob, *, name: str, labels: dict[str, str]
+) -> k8stypes.ObjectMeta:
+    return {
+        "name": name,
+        "namespace": job.metadata.namespace,
+        "labels": labels,
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def service_account(job: trainingjob.TrainingJob) -> k8stypes.ServiceAccount:
+    name = names.service_account_name(job.metadata.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(job, name=name, labels=names.owner_labels(job.metadata.name)),
+    }
+
+
+def role(job: trainingjob.TrainingJob) -> k8stypes.Role:
+    """Just enough for rank 0's writer to report on its own job."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(
+            job,
+            name=names.role_name(job.metadata.name),
+            labels=names.owner_labels(job.metadata.name),
+        ),
+        "rules": [
+            {
+                "apiGroups": [trainingjob.GROUP],
+                "resources": [f"{trainingjob.PLURAL}/status"],
+                "resourceNames": [job.metadata.name],
+                "verbs": ["get", "patch"],
+            }
+        ],
+    }
+
+
+def role_binding(job: trainingjob.TrainingJob) -> k8stypes.RoleBinding:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(
+            job,
+            name=names.role_name(job.metadata.name),
+            labels=names.owner_labels(job.metadata.name),
+        ),
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": names.role_name(job.metadata.name),
+        },
+        "subjects": [
+            {
+                "kind": "ServiceAccount",
+                "name": names.service_account_name(job.metadata.name),
+                "namespace": job.metadata.namespace,
+            }
+        ],
+    }
+
+
+def service(job: trainingjob.TrainingJob) -> k8stypes.Service:
+    """Headless; publishes not-ready pods so rank 0 resolves before it is Ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(
+            job,
+            name=names.service_name(job.metadata.name),
+            labels=names.owner_labels(job.metadata.name),
+        ),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": names.job_selector(job.metadata.name),
+            "ports": [
+                {
+                    "name": names.PORT_NAME,
+                    "port": podenv.MASTER_PORT_DEFAULT,
+                    "targetPort": podenv.MASTER_PORT_DEFAULT,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def job_children(job: trainingjob.TrainingJob) -> list[k8stypes.Child]:
+    """The per-job children, in creation order (the binding after its role)."""
+    return [service_account(job), role(job), role_binding(job), service(job)]
+
+
+def _value(name: str, value: str | int) -> k8stypes.EnvVar:
+    return {"name": name, "value": str(value)}
+
+
+def _secret(name: str, *, secret: str, key: str) -> k8stypes.EnvVar:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def pod_env(
+    job: trainingjob.TrainingJob, *, attempt: int, rank: int, resume: podenv.ResumeTarget
+) -> list[k8stypes.EnvVar]:
+    """The contract with the trainer image; user env follows (CAIRN_* is reserved)."""
+    spec = job.spec
+    ckpt = spec.checkpoint
+    name = job.metadata.name
+    master = names.master_addr(job=name, namespace=job.metadata.namespace, attempt=attempt)
+    port = podenv.MASTER_PORT_DEFAULT
+    env: list[k8stypes.EnvVar] = [
+        _value(podenv.JOB_NAME, name),
+        _value(podenv.NAMESPACE, job.metadata.namespace),
+        _value(podenv.JOB_UID, job.metadata.uid),
+        _value(podenv.ATTEMPT, attempt),
+        {"name": podenv.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        _value(podenv.NODE_RANK, rank),
+        _value(podenv.NNODES, spec.nodes),
+        _value(podenv.NPROC_PER_NODE, spec.procs_per_node),
+        _value(podenv.MASTER_ADDR_CAIRN, master),
+        _value(podenv.MASTER_PORT_CAIRN, port),
+        _value(podenv.PET_NNODES, spec.nodes),
+        _value(podenv.PET_NPROC_PER_NODE, spec.procs_per_node),
+        _value(podenv.PET_NODE_RANK, rank),
+        _value(podenv.PET_MASTER_ADDR, master),
+        _value(podenv.PET_MASTER_PORT, port),
+        _value(podenv.PET_MAX_RESTARTS, 0),
+        _value(podenv.MASTER_ADDR, master),
+        _value(podenv.MASTER_PORT, port),
+        _value(podenv.WORLD_SIZE, spec.nodes * spec.procs_per_node),
+    ]
+    if spec.procs_per_node == 1:
+        env += [
+            _value(podenv.RANK, rank),
+            _value(podenv.LOCAL_RANK, 0),
+            _value(podenv.LOCAL_WORLD_SIZE, 1),
+        ]
+    env += [
+        _value(podenv.CHECKPOINT_DIR, ckpt.mount_path),
+        _value(podenv.ASYNC_MODE, ckpt.async_mode),
+        _value(podenv.KEEP_LAST, ckpt.retention.local.keep_last),
+        _value(podenv.FINAL_CHECKPOINT_GRACE_SECONDS, ckpt.final_checkpoint_grace_seconds),
+        _value(podenv.RESUME_FROM, podenv.format_resume(resume)),
+        _value(podenv.REPORT_STATUS, 1 if rank == 0 else 0),
+    ]
+    if ckpt.interval_steps is not None:
+        env.append(_value(podenv.CHECKPOINT_INTERVAL_STEPS, ckpt.interval_steps))
+    if ckpt.interval_seconds is not None:
+        env.append(_value(podenv.CHECKPOINT_INTERVAL_SECONDS, ckpt.interval_seconds))
+    if ckpt.retention.local.max_bytes is not None:
+        env.append(_value(podenv.MAX_BYTES, ckpt.retention.local.max_bytes))
+    upload = ckpt.upload
+    if upload is not None:
+        env += [
+            _value(podenv.UPLOAD_URI, upload.uri),
+            _value(podenv.UPLOAD_CONCURRENCY, upload.concurrency),
+        ]
+        if upload.endpoint is not None:
+            env.append(_value(podenv.AWS_ENDPOINT_URL_S3, upload.endpoint))
+        if upload.region is not None:
+            env.append(_value(podenv.AWS_REGION, upload.region))
+        ref = upload.credentials_secret_ref
+        if ref is not None:
+            env += [
+                _secret(podenv.AWS_ACCESS_KEY_ID, secret=ref.name, key=ref.access_key_id_key),
+                _secret(
+                    podenv.AWS_SECRET_ACCESS_KEY, secret=ref.name, key=ref.secret_access_key_key
+                ),
+            ]
+    for user in spec.env or ():
+        entry: k8stypes.EnvVar = {"name": user.name}
+        if user.value_from is not None:
+            entry["valueFrom"] = dict(user.value_from)
+        else:
+            entry["value"] = user.value or ""
+        env.append(entry)
+    return env
+
+
+def _checkpoint_volume(job: trainingjob.TrainingJob) -> dict[str, object]:
+    volume = job.spec.checkpoint.volume
+    if volume.persistent_volume_claim is not None:
+        return {
+            "name": trainingjob.CHECKPOINT_VOLUME_NAME,
+            "persistentVolumeClaim": {"claimName": volume.persistent_volume_claim.claim_name},
+        }
+    empty: dict[str, object] = {}
+    if volume.empty_dir is not None:
+        empty = volume.empty_dir.model_dump(by_alias=True, exclude_none=True)
+    return {"name": trainingjob.CHECKPOINT_VOLUME_NAME, "emptyDir": empty}
+
+
+def _checkpoint_mount(job: trainingjob.TrainingJob) -> k8stypes.VolumeMount:
+    mount: k8stypes.VolumeMount = {
+        "name": trainingjob.CHECKPOINT_VOLUME_NAME,
+        "mountPath": job.spec.checkpoint.mount_path,
+    }
+    pvc = job.spec.checkpoint.volume.persistent_volume_claim
+    if pvc is not None and pvc.sub_path is not None:
+        mount["subPath"] = pvc.sub_path
+    return mount
+
+
+def pod(
+    job: trainingjob.TrainingJob, *, attempt: int, rank: int, resume: podenv.ResumeTarget
+) -> k8stypes.Pod:
+    """One rank of one attempt. ``restartPolicy: Never``: restarts are gang-wide."""
+    spec = job.spec
+    name = job.metadata.name
+    overlay = spec.template or trainingjob.PodTemplateOverlay()
+    meta = overlay.metadata or trainingjob.ObjectMetaOverlay()
+    pod_name = names.pod_name(job=name, attempt=attempt, rank=rank)
+    labels = {**(meta.labels or {}), **names.pod_labels(job=name, attempt=attempt, rank=rank)}
+    metadata = _meta(job, name=pod_name, labels=labels)
+    if meta.annotations:
+        metadata["annotations"] = dict(meta.annotations)
+    container: k8stypes.Container = {
+        "name": names.CONTAINER,
+        "image": spec.image,
+        "env": pod_env(job, attempt=attempt, rank=rank, resume=resume),
+        "ports": [
+            {
+                "name": names.PORT_NAME,
+                "containerPort": podenv.MASTER_PORT_DEFAULT,
+                "protocol": "TCP",
+            }
+        ],
+        "volumeMounts": [
+            _checkpoint_mount(job),
+            *(m.model_dump(by_alias=True) for m in overlay.volume_mounts or ()),
+        ],
+    }
+    if spec.command is not None:
+        container["command"] = list(spec.command)
+    if spec.args is not None:
+        container["args"] = list(spec.args)
+    if spec.resources is not None:
+        container["resources"] = spec.resources.model_dump(by_alias=True, exclude_none=True)
+    pod_spec: k8stypes.PodSpec = {
+        "restartPolicy": "Never",
+        "hostname": pod_name,
+        "subdomain": names.service_name(name),
+        "serviceAccountName": names.service_account_name(name),
+        "automountServiceAccountToken": True,
+        "terminationGracePeriodSeconds": spec.checkpoint.final_checkpoint_grace_seconds,
+        "containers": [container],
+        "volumes": [
+            _checkpoint_volume(job),
+            *(v.model_dump(by_alias=True) for v in overlay.volumes or ()),
+        ],
+    }
+    if overlay.node_selector:
+        pod_spec["nodeSelector"] = dict(overlay.node_selector)
+    if overlay.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in overlay.tolerations]
+    if overlay.affinity:
+        pod_spec["affinity"] = dict(overlay.affinity)
+    if overlay.priority_class_name:
+        pod_spec["priorityClassName"] = overlay.priority_class_name
+    if overlay.scheduler_name:
+        pod_spec["schedulerName"] = overlay.scheduler_name
+    if overlay.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [dict(s) for s in overlay.image_pull_secrets]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def attempt_pods(
+    job: trainingjob.TrainingJob, *, attempt: int, resume: podenv.ResumeTarget
+) -> list[k8stypes.Pod]:
+    return [pod(job, attempt=attempt, rank=rank, resume=resume) for rank in range(job.spec.nodes)]

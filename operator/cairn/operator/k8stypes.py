@@ -1,0 +1,199 @@
+"""Typed shapes of the Kubernetes payloads the operator builds.
+
+Pure: TypedDicts for the subset of core/v1 and rbac/v1 objects that
+``builders`` produces and ``effects`` sends. Opaque user-supplied pieces
+(affinity, volumes, tolerations) stay ``dict[str, Any]``: the API server
+validates them against the core schemas when the pod is created.
+"""
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+
+class OwnerReference(TypedDict):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+    blockOwnerDeletion: bool
+
+
+class ObjectMeta(TypedDict):
+    name: str
+    namespace: str
+    labels: dict[str, str]
+    annotations: NotRequired[dict[str, str]]
+    ownerReferences: list[OwnerReference]
+
+
+class KeySelector(TypedDict):
+    name: str
+    key: str
+
+
+class FieldSelector(TypedDict):
+    fieldPath: str
+
+
+class EnvVarSource(TypedDict, total=False):
+    secretKeyRef: KeySelector
+    fieldRef: FieldSelector
+
+
+class EnvVar(TypedDict):
+    name: str
+    value: NotRequired[str]
+    valueFrom: NotRequired[EnvVarSource | dict[str, Any]]
+
+
+class VolumeMount(TypedDict):
+    name: str
+    mountPath: str
+    subPath: NotRequired[str]
+
+
+class ContainerPort(TypedDict):
+    name: str
+    containerPort: int
+    protocol: Literal["TCP"]
+
+
+class Container(TypedDict):
+    name: str
+    image: str
+    command: NotRequired[list[str]]
+    args: NotRequired[list[str]]
+    env: list[EnvVar]
+    ports: list[ContainerPort]
+    resources: NotRequired[dict[str, dict[str, int | str]]]
+    volumeMounts: list[VolumeMount | dict[str, Any]]
+
+
+class PodSpec(TypedDict):
+    restartPolicy: Literal["Never"]
+    hostname: str
+    subdomain: str
+    serviceAccountName: str
+    automountServiceAccountToken: bool
+    terminationGracePeriodSeconds: int
+    containers: list[Container]
+    volumes: list[dict[str, Any]]
+    nodeSelector: NotRequired[dict[str, str]]
+    tolerations: NotRequired[list[dict[str, Any]]]
+    affinity: NotRequired[dict[str, Any]]
+    priorityClassName: NotRequired[str]
+    schedulerName: NotRequired[str]
+    imagePullSecrets: NotRequired[list[dict[str, str]]]
+
+
+class Pod(TypedDict):
+    apiVersion: Literal["v1"]
+    kind: Literal["Pod"]
+    metadata: ObjectMeta
+    spec: PodSpec
+
+
+class ServicePort(TypedDict):
+    name: str
+    port: int
+    targetPort: int
+    protocol: Literal["TCP"]
+
+
+class ServiceSpec(TypedDict):
+    clusterIP: Literal["None"]
+    publishNotReadyAddresses: bool
+    selector: dict[str, str]
+    ports: list[ServicePort]
+
+
+class Service(TypedDict):
+    apiVersion: Literal["v1"]
+    kind: Literal["Service"]
+    metadata: ObjectMeta
+    spec: ServiceSpec
+
+
+class ServiceAccount(TypedDict):
+    apiVersion: Literal["v1"]
+    kind: Literal["ServiceAccount"]
+    metadata: ObjectMeta
+
+
+class PolicyRule(TypedDict):
+    apiGroups: list[str]
+    resources: list[str]
+    resourceNames: list[str]
+    verbs: list[str]
+
+
+class Role(TypedDict):
+    apiVersion: Literal["rbac.authorization.k8s.io/v1"]
+    kind: Literal["Role"]
+    metadata: ObjectMeta
+    rules: list[PolicyRule]
+
+
+class RoleRef(TypedDict):
+    apiGroup: Literal["rbac.authorization.k8s.io"]
+    kind: Literal["Role"]
+    name: str
+
+
+class Subject(TypedDict):
+    kind: Literal["ServiceAccount"]
+    name: str
+    namespace: str
+
+
+class RoleBinding(TypedDict):
+    apiVersion: Literal["rbac.authorization.k8s.io/v1"]
+    kind: Literal["RoleBinding"]
+    metadata: ObjectMeta
+    roleRef: RoleRef
+    subjects: list[Subject]
+
+
+Child = Pod | Service | ServiceAccount | Role | RoleBinding
+"""Everything the operator creates for a job."""
+ChildKind = Literal["Pod", "Service", "ServiceAccount", "Role", "RoleBinding"]
+
+
+class ConditionDict(TypedDict):
+    """metav1.Condition on the wire."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    observedGeneration: int
+    lastTransitionTime: str
+    reason: str
+    message: str
+
+
+class LastFailureDict(TypedDict):
+    attempt: int
+    time: str
+    reason: str
+    message: str
+    rank: NotRequired[int]
+    exitCode: NotRequired[int]
+    counted: bool
+
+
+class StatusPatch(TypedDict, total=False):
+    """The operator's JSON merge patch of /status: only operator-owned fields.
+
+    ``None`` removes a field. ``step`` and ``checkpoints`` belong to the writer
+    on rank 0 and never appear here.
+    """
+
+    phase: str
+    observedGeneration: int
+    attempt: int
+    restarts: int
+    restartsCountTowardsMax: int
+    startTime: str | None
+    attemptStartTime: str | None
+    completionTime: str | None
+    lastFailure: LastFailureDict | None
+    conditions: list[ConditionDict]

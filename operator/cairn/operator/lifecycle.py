@@ -1,0 +1,530 @@
+"""The lifecycle rules: from (job, observed pods, now) to one Decision.
+
+Pure. This is where the phase is computed, in one place:
+
+    Pending -> Starting -> Running -> (Restarting -> Starting -> Running)*
+            -> Succeeded | Failed
+    any live phase -> Suspending -> Suspended -> Starting (resume)
+
+Gang semantics: a failed or lost rank fails the whole attempt; the operator
+records the failure in status *before* it deletes the other ranks (so a crash
+between the two cannot lose or double-count it), waits for the attempt's pods
+to stop and for the backoff, then starts attempt N+1, which resumes from the
+last committed step. Evictions, DisruptionTarget, lost nodes and pods deleted
+by someone else are preemptions: they restart the gang without counting
+against ``maxRestarts``. A non-retryable exit code fails the job at once.
+"""
+
+import dataclasses
+import datetime
+from typing import Any
+
+from cairn.api import jobstatus, podenv, trainingjob
+from cairn.operator import conditions as cond
+from cairn.operator import observe
+
+SUSPEND_REQUEUE_SECONDS = 10.0
+STALE_STATUS_REQUEUE_SECONDS = 2.0
+DEFAULT_STALE_SECONDS = 3600
+STALE_SLACK_SECONDS = 300
+UTC = datetime.UTC
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Failure:
+    """Why an attempt ended; becomes ``status.lastFailure``."""
+
+    attempt: int
+    time: datetime.datetime
+    reason: str
+    message: str
+    rank: int | None = None
+    exit_code: int | None = None
+    counted: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Decision:
+    """What the job should look like after this reconcile."""
+
+    phase: jobstatus.Phase
+    reason: str
+    message: str
+    attempt: int
+    restarts: int
+    counted_restarts: int
+    start_time: datetime.datetime | None
+    attempt_start_time: datetime.datetime | None
+    completion_time: datetime.datetime | None
+    failure: Failure | None
+    start_attempt: bool = False
+    """Create the per-job children and every pod of ``attempt``."""
+    resume: podenv.ResumeTarget | None = None
+    delete: tuple[observe.ObservedPod, ...] = ()
+    requeue_after: float | None = None
+    noop: bool = False
+    """Leave the job alone (another controller's, or being deleted)."""
+
+
+def _failure_of(status: jobstatus.TrainingJobStatus) -> Failure | None:
+    last = status.last_failure
+    if last is None:
+        return None
+    return Failure(
+        attempt=last.attempt,
+        time=last.time,
+        reason=last.reason,
+        message=last.message,
+        rank=last.rank,
+        exit_code=last.exit_code,
+        counted=last.counted,
+    )
+
+
+def resume_target(job: trainingjob.TrainingJob) -> podenv.ResumeTarget:
+    """After the job has committed anything, always the newest committed step;
+    before that, what the spec asks for."""
+    ckpts = job.status.checkpoints
+    if ckpts is not None and (ckpts.last_committed or ckpts.last_uploaded):
+        return podenv.ResumeTarget(kind="latest")
+    resume = job.spec.checkpoint.resume
+    if resume.step is not None:
+        return podenv.ResumeTarget(kind="step", step=resume.step)
+    if resume.uri is not None:
+        return podenv.ResumeTarget(kind="uri", uri=resume.uri)
+    if resume.none:
+        return podenv.ResumeTarget(kind="none")
+    return podenv.ResumeTarget(kind="latest")
+
+
+def backoff_seconds(policy: trainingjob.RestartPolicy, *, restarts: int) -> int:
+    """Exponential in the number of restarts so far (>= 1), capped."""
+    exponent = max(restarts - 1, 0)
+    return int(min(policy.backoff_seconds * 2 ** min(exponent, 30), policy.max_backoff_seconds))
+
+
+def stale_after_seconds(spec: trainingjob.CheckpointSpec) -> int:
+    if spec.stale_after_seconds is not None:
+        return spec.stale_after_seconds
+    if spec.interval_seconds is not None:
+        return 2 * spec.interval_seconds + STALE_SLACK_SECONDS
+    return DEFAULT_STALE_SECONDS
+
+
+def stale_reference(job: trainingjob.TrainingJob) -> datetime.datetime | None:
+    """The later of the last commit and the attempt's start."""
+    times = [job.status.attempt_start_time]
+    ckpts = job.status.checkpoints
+    if ckpts is not None and ckpts.last_committed is not None:
+        times.append(ckpts.last_committed.time)
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
+
+
+def _retryable(policy: trainingjob.RestartPolicy, code: int | None) -> bool:
+    if policy.retryable_exit_codes is None or code is None:
+        return True
+    return code in policy.retryable_exit_codes
+
+
+def _live(pods: tuple[observe.ObservedPod, ...]) -> tuple[observe.ObservedPod, ...]:
+    return tuple(p for p in pods if not p.terminated)
+
+
+def _deletable(pods: tuple[observe.ObservedPod, ...]) -> tuple[observe.ObservedPod, ...]:
+    return tuple(p for p in pods if not p.deleting)
+
+
+class _Base:
+    """The counters carried from the previous status into a Decision."""
+
+    def __init__(self, status: jobstatus.TrainingJobStatus) -> None:
+        self.phase: jobstatus.Phase = status.phase or "Pending"
+        self.attempt = status.attempt or 0
+        self.restarts = status.restarts or 0
+        self.counted = status.restarts_count_towards_max or 0
+        self.start_time = status.start_time
+        self.attempt_start_time = status.attempt_start_time
+        self.completion_time = status.completion_time
+        self.failure = _failure_of(status)
+
+    def decision(
+        self, *, phase: jobstatus.Phase, reason: str, message: str, **changes: Any
+    ) -> Decision:
+        carried = Decision(
+            phase=phase,
+            reason=reason,
+            message=message,
+            attempt=self.attempt,
+            restarts=self.restarts,
+            counted_restarts=self.counted,
+            start_time=self.start_time,
+            attempt_start_time=self.attempt_start_time,
+            completion_time=self.completion_time,
+            failure=self.failure,
+        )
+        return dataclasses.replace(carried, **changes)
+
+
+def _cleanup(
+    job: trainingjob.TrainingJob, pods: tuple[observe.ObservedPod, ...], *, keep_attempt: int
+) -> tuple[observe.ObservedPod, ...]:
+    """Terminated pods to delete: with Keep, those older than the previous attempt."""
+    finished = [p for p in pods if p.terminated and not p.deleting]
+    if job.spec.cleanup.finished_pods == "Delete":
+        return tuple(p for p in finished if p.attempt != keep_attempt)
+    return tuple(p for p in finished if p.attempt < keep_attempt - 1)
+
+
+def _terminal(job: trainingjob.TrainingJob, observed: observe.Observed, base: _Base) -> Decision:
+    kind = cond.COMPLETE if base.phase == "Succeeded" else cond.FAILED
+    previous = cond.find(job.status.conditions, kind)
+    reason = previous.reason if previous else base.phase
+    message = previous.message if previous else ""
+    doomed = _deletable(_live(observed.pods))
+    if job.spec.cleanup.finished_pods == "Delete":
+        doomed = _deletable(observed.pods)
+    else:
+        doomed += _cleanup(job, observed.pods, keep_attempt=base.attempt)
+    return base.decision(phase=base.phase, reason=reason, message=message, delete=doomed)
+
+
+def _fail(
+    job: trainingjob.TrainingJob,
+    observed: observe.Observed,
+    base: _Base,
+    *,
+    reason: str,
+    message: str,
+    now: datetime.datetime,
+    failure: Failure | None = None,
+    counted: int | None = None,
+) -> Decision:
+    return base.decision(
+        phase="Failed",
+        reason=reason,
+        message=message,
+        completion_time=now,
+        failure=failure or base.failure,
+        counted_restarts=base.counted if counted is None else counted,
+        delete=_deletable(_live(observed.pods)),
+    )
+
+
+def _start(
+    job: trainingjob.TrainingJob,
+    observed: observe.Observed,
+    base: _Base,
+    *,
+    now: datetime.datetime,
+    reason: str,
+) -> Decision:
+    attempt = base.attempt + 1
+    resume = resume_target(job)
+    return base.decision(
+        phase="Starting",
+        reason=reason,
+        message=cond.MSG_ATTEMPT_STARTED.format(
+            attempt=attempt, nodes=job.spec.nodes, resume=podenv.format_resume(resume)
+        ),
+        attempt=attempt,
+        start_time=base.start_time or now,
+        attempt_start_time=now,
+        start_attempt=True,
+        resume=resume,
+        delete=_cleanup(job, observed.pods, keep_attempt=attempt),
+        requeue_after=_deadline_in(job, start=base.start_time or now, now=now),
+    )
+
+
+def _deadline_in(
+    job: trainingjob.TrainingJob, *, start: datetime.datetime | None, now: datetime.datetime
+) -> float | None:
+    seconds = job.spec.active_deadline_seconds
+    if seconds is None or start is None:
+        return None
+    return max((start - now).total_seconds() + seconds, 0.0)
+
+
+def _suspend(job: trainingjob.TrainingJob, observed: observe.Observed, base: _Base) -> Decision:
+    live = _live(observed.pods)
+    if live:
+        return base.decision(
+            phase="Suspending",
+            reason=cond.REASON_SUSPENDING,
+            message=cond.MSG_SUSPENDING.format(count=len(live)),
+            delete=_deletable(live),
+            requeue_after=SUSPEND_REQUEUE_SECONDS,
+        )
+    # Like batch/v1 Job: the activeDeadlineSeconds clock restarts on resume.
+    return base.decision(
+        phase="Suspended",
+        reason=cond.REASON_SUSPENDED,
+        message=cond.MSG_SUSPENDED,
+        start_time=None,
+        delete=_cleanup(job, observed.pods, keep_attempt=base.attempt),
+    )
+
+
+def _judge(
+    job: trainingjob.TrainingJob,
+    observed: observe.Observed,
+    base: _Base,
+    *,
+    now: datetime.datetime,
+) -> Failure | None:
+    """The root cause if the current attempt has failed; None while it is healthy."""
+    pods = observed.pods_of(base.attempt)
+    attempt = base.attempt
+    for pod in pods:
+        why = None
+        if pod.disruption_reason is not None:
+            why = pod.disruption_reason
+        elif pod.node_name is not None and pod.node_name in observed.nodes_gone:
+            why = f"node {pod.node_name} is gone"
+        elif pod.phase == "Unknown":
+            why = "pod phase Unknown"
+        elif pod.deleting and not pod.terminated:
+            why = "pod deleted"
+        if why is not None:
+            return Failure(
+                attempt=attempt,
+                time=now,
+                reason=cond.REASON_PREEMPTED,
+                message=cond.MSG_PREEMPTED.format(attempt=attempt, rank=pod.rank, why=why),
+                rank=pod.rank,
+                counted=False,
+            )
+    if base.phase == "Running":
+        present = {p.rank for p in pods}
+        missing = sorted(set(range(job.spec.nodes)) - present)
+        if missing:
+            return Failure(
+                attempt=attempt,
+                time=now,
+                reason=cond.REASON_PREEMPTED,
+                message=cond.MSG_PREEMPTED.format(
+                    attempt=attempt, rank=missing[0], why="pod disappeared"
+                ),
+                rank=missing[0],
+                counted=False,
+            )
+    failed = [p for p in pods if p.phase == "Failed"]
+    if not failed:
+        return None
+    far = datetime.datetime.max.replace(tzinfo=UTC)
+    root = min(failed, key=lambda p: (p.finished_at or far, p.rank))
+    detail = f" ({root.termination_reason})" if root.termination_reason else ""
+    return Failure(
+        attempt=attempt,
+        time=now,
+        reason=cond.REASON_RANK_FAILED,
+        message=cond.MSG_RANK_FAILED.format(
+            attempt=attempt, rank=root.rank, code=root.exit_code, detail=detail
+        ),
+        rank=root.rank,
+        exit_code=root.exit_code,
+        counted=True,
+    )
+
+
+def _after_failure(
+    job: trainingjob.TrainingJob,
+    observed: observe.Observed,
+    base: _Base,
+    failure: Failure,
+    *,
+    now: datetime.datetime,
+) -> Decision:
+    policy = job.spec.restart_policy
+    if failure.counted and not _retryable(policy, failure.exit_code):
+        return _fail(
+            job,
+            observed,
+            base,
+            reason=cond.REASON_NON_RETRYABLE,
+            message=cond.MSG_NON_RETRYABLE.format(failure=failure.message),
+            now=now,
+            failure=failure,
+        )
+    counted = base.counted + (1 if failure.counted else 0)
+    if counted > policy.max_restarts:
+        return _fail(
+            job,
+            observed,
+            base,
+            reason=cond.REASON_MAX_RESTARTS,
+            message=cond.MSG_MAX_RESTARTS.format(
+                failure=failure.message, counted=counted, limit=policy.max_restarts
+            ),
+            now=now,
+            failure=failure,
+            counted=counted,
+        )
+    restarts = base.restarts + 1
+    delay = backoff_seconds(policy, restarts=restarts)
+    return base.decision(
+        phase="Restarting",
+        reason=failure.reason,
+        message=cond.MSG_BACKOFF.format(
+            failure=failure.message, next=base.attempt + 1, seconds=delay
+        ),
+        restarts=restarts,
+        counted_restarts=counted,
+        failure=failure,
+        delete=_deletable(_live(observed.pods)),
+        requeue_after=float(delay),
+    )
+
+
+def _restarting(
+    job: trainingjob.TrainingJob,
+    observed: observe.Observed,
+    base: _Base,
+    *,
+    now: datetime.datetime,
+) -> Decision:
+    failure = base.failure
+    message = failure.message if failure else ""
+    live = _live(observed.pods)
+    if live:
+        return base.decision(
+            phase="Restarting",
+            reason=cond.REASON_TEARING_DOWN,
+            message=cond.MSG_TEARING_DOWN.format(
+                failure=message, count=len(live), attempt=base.attempt
+            ),
+            delete=_deletable(live),
+            requeue_after=SUSPEND_REQUEUE_SECONDS,
+        )
+    delay = backoff_seconds(job.spec.restart_policy, restarts=base.restarts)
+    since = failure.time if failure else now
+    remaining = (since - now).total_seconds() + delay
+    if remaining > 0:
+        return base.decision(
+            phase="Restarting",
+            reason=cond.REASON_BACKOFF,
+            message=cond.MSG_BACKOFF.format(
+                failure=message, next=base.attempt + 1, seconds=round(remaining)
+            ),
+            requeue_after=remaining,
+        )
+    return _start(job, observed, base, now=now, reason=cond.REASON_ATTEMPT_STARTED)
+
+
+def _active(
+    job: trainingjob.TrainingJob,
+    observed: observe.Observed,
+    base: _Base,
+    *,
+    now: datetime.datetime,
+) -> Decision:
+    failure = _judge(job, observed, base, now=now)
+    if failure is not None:
+        return _after_failure(job, observed, base, failure, now=now)
+    pods = observed.pods_of(base.attempt)
+    nodes = job.spec.nodes
+    old = tuple(p for p in observed.pods if p.attempt != base.attempt)
+    cleanup = _deletable(_live(old)) + _cleanup(job, old, keep_attempt=base.attempt)
+    by_rank = {p.rank: p for p in pods}
+    if len(by_rank) == nodes and all(p.phase == "Succeeded" for p in by_rank.values()):
+        done = tuple(pods) if job.spec.cleanup.finished_pods == "Delete" else ()
+        return base.decision(
+            phase="Succeeded",
+            reason=cond.REASON_SUCCEEDED,
+            message=cond.MSG_SUCCEEDED.format(attempt=base.attempt, nodes=nodes),
+            completion_time=now,
+            delete=cleanup + _deletable(done),
+        )
+    deadline = _deadline_in(job, start=base.start_time, now=now)
+    running = sum(1 for p in by_rank.values() if p.phase in ("Running", "Succeeded"))
+    if running == nodes:
+        stale_in: float | None = None
+        reference = stale_reference(job)
+        if reference is not None:
+            limit = stale_after_seconds(job.spec.checkpoint)
+            left = (reference - now).total_seconds() + limit
+            stale_in = left if left > 0 else None
+        waits = [w for w in (deadline, stale_in) if w is not None]
+        return base.decision(
+            phase="Running",
+            reason=cond.REASON_RUNNING,
+            message=cond.MSG_RUNNING.format(attempt=base.attempt, nodes=nodes),
+            delete=cleanup,
+            requeue_after=min(waits) if waits else None,
+        )
+    # Starting: (re)create whatever ranks are missing; creates are idempotent.
+    return base.decision(
+        phase="Starting",
+        reason=cond.REASON_PODS_STARTING,
+        message=cond.MSG_PODS_STARTING.format(attempt=base.attempt, running=running, nodes=nodes),
+        start_attempt=len(by_rank) < nodes,
+        resume=resume_target(job) if len(by_rank) < nodes else None,
+        delete=cleanup,
+        requeue_after=deadline,
+    )
+
+
+def decide(
+    *, job: trainingjob.TrainingJob, observed: observe.Observed, now: datetime.datetime
+) -> Decision:
+    """The one function that computes the phase."""
+    base = _Base(job.status)
+    if not job.spec.managed_by_cairn or job.metadata.deletion_timestamp is not None:
+        return base.decision(phase=base.phase, reason="", message="", noop=True)
+    if base.phase in jobstatus.TERMINAL_PHASES:
+        return _terminal(job, observed, base)
+    ahead = [p for p in observed.pods if p.attempt > base.attempt]
+    if ahead:
+        # Our own status patch has not reached this copy of the job yet.
+        return base.decision(
+            phase=base.phase,
+            reason=cond.REASON_STALE_STATUS,
+            message=cond.MSG_STALE_STATUS.format(attempt=ahead[0].attempt, known=base.attempt),
+            requeue_after=STALE_STATUS_REQUEUE_SECONDS,
+            noop=True,
+        )
+    if job.spec.suspend:
+        return _suspend(job, observed, base)
+    deadline = _deadline_in(job, start=base.start_time, now=now)
+    if deadline is not None and deadline <= 0:
+        return _fail(
+            job,
+            observed,
+            base,
+            reason=cond.REASON_DEADLINE,
+            message=cond.MSG_DEADLINE.format(seconds=job.spec.active_deadline_seconds),
+            now=now,
+        )
+    if base.phase in ("Suspending", "Suspended") or base.attempt == 0:
+        live = _live(observed.pods)
+        if live:
+            return base.decision(
+                phase=base.phase,
+                reason=cond.REASON_SUSPENDING,
+                message=cond.MSG_SUSPENDING.format(count=len(live)),
+                delete=_deletable(live),
+                requeue_after=SUSPEND_REQUEUE_SECONDS,
+            )
+        reason = cond.REASON_RESUMED if base.attempt else cond.REASON_ATTEMPT_STARTED
+        return _start(job, observed, base, now=now, reason=reason)
+    if base.phase == "Restarting":
+        return _restarting(job, observed, base, now=now)
+    return _active(job, observed, base, now=now)
+
+
+def decide_invalid(
+    *, job: observe.InvalidJob, observed: observe.Observed, now: datetime.datetime
+) -> Decision:
+    """A spec the models refuse: Failed with the reason, pods stopped, no crash loop."""
+    base = _Base(job.status)
+    if job.metadata.deletion_timestamp is not None:
+        return base.decision(phase=base.phase, reason="", message="", noop=True)
+    message = cond.MSG_INVALID_SPEC.format(error=job.error)
+    return base.decision(
+        phase="Failed",
+        reason=cond.REASON_INVALID_SPEC,
+        message=message,
+        completion_time=base.completion_time or now,
+        delete=_deletable(_live(observed.pods)),
+    )

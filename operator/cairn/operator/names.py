@@ -1,0 +1,61 @@
+"""Deterministic names and labels of a job's children.
+
+Pure. Names derive from the job name and the attempt, so a create repeated
+after a crash hits 409 instead of making a duplicate, and the attempt label
+separates an old gang from the new one.
+"""
+
+from cairn.api import trainingjob
+
+LABEL_JOB = "cairn.dev/job-name"
+LABEL_ATTEMPT = "cairn.dev/attempt"
+LABEL_RANK = "cairn.dev/rank"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "cairn"
+CONTAINER = "trainer"
+PORT_NAME = "c10d"
+FIELD_MANAGER = "cairn-operator"
+
+
+def pod_name(*, job: str, attempt: int, rank: int) -> str:
+    """``<job>-a<attempt>-n<rank>``: also the pod's hostname (a DNS label)."""
+    return f"{job}-a{attempt}-n{rank}"
+
+
+def service_name(job: str) -> str:
+    """The headless Service; pods use it as their subdomain."""
+    return job
+
+
+def service_account_name(job: str) -> str:
+    return f"{job}-trainer"
+
+
+def role_name(job: str) -> str:
+    return f"{job}-status-writer"
+
+
+def master_addr(*, job: str, namespace: str, attempt: int) -> str:
+    """Rank 0's stable DNS name under the headless Service."""
+    host = pod_name(job=job, attempt=attempt, rank=0)
+    return f"{host}.{service_name(job)}.{namespace}.svc.cluster.local"
+
+
+def job_selector(job: str) -> dict[str, str]:
+    return {LABEL_JOB: job}
+
+
+def pod_labels(*, job: str, attempt: int, rank: int) -> dict[str, str]:
+    return {
+        LABEL_JOB: job,
+        LABEL_ATTEMPT: str(attempt),
+        LABEL_RANK: str(rank),
+        LABEL_MANAGED_BY: MANAGED_BY,
+    }
+
+
+def owner_labels(job: str) -> dict[str, str]:
+    return {LABEL_JOB: job, LABEL_MANAGED_BY: MANAGED_BY}
+
+
+API_VERSION = trainingjob.API_VERSION

@@ -1,0 +1,158 @@
+"""What one reconcile observed: the job, the pods of the job, lost nodes.
+
+Pure: turns the raw dicts kopf hands to ``handlers`` into frozen values that
+``plan.plan()`` decides on. Nothing here talks to the API server; the
+handler passes in what its watches and indexes already hold.
+
+A job whose spec passed the schema but not the models (a semantic error, or
+an object stored before a CRD upgrade) parses into :class:`InvalidJob`, so
+the plan can mark it Failed instead of crash-looping.
+"""
+
+import dataclasses
+import datetime
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import pydantic
+
+from cairn.api import jobstatus, trainingjob
+from cairn.operator import names
+
+PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
+_POD_PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ObservedPod:
+    """One rank's pod, reduced to what the lifecycle rules need."""
+
+    name: str
+    uid: str
+    attempt: int
+    rank: int
+    phase: PodPhase
+    deleting: bool = False
+    """deletionTimestamp is set: someone (maybe us) is deleting it."""
+    exit_code: int | None = None
+    """The trainer container's exit code once it terminated."""
+    termination_reason: str | None = None
+    """e.g. OOMKilled, Error."""
+    finished_at: datetime.datetime | None = None
+    disruption_reason: str | None = None
+    """Reason of a True DisruptionTarget condition (eviction, preemption, taint)."""
+    node_name: str | None = None
+    ready: bool = False
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class InvalidJob:
+    """A job the models reject: enough to report it, nothing to run."""
+
+    metadata: trainingjob.ObjectMeta
+    status: jobstatus.TrainingJobStatus
+    error: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Observed:
+    """Everything the plan may look at besides the job and the clock."""
+
+    pods: tuple[ObservedPod, ...] = ()
+    nodes_gone: frozenset[str] = frozenset()
+    """Names of nodes known to have been deleted or to be unreachable."""
+
+    def pods_of(self, attempt: int) -> tuple[ObservedPod, ...]:
+        return tuple(p for p in self.pods if p.attempt == attempt)
+
+
+def parse_job(body: Mapping[str, Any]) -> trainingjob.TrainingJob | InvalidJob:
+    """The job as the models see it, or why they refuse it."""
+    try:
+        return trainingjob.TrainingJob.model_validate(body)
+    except pydantic.ValidationError as error:
+        metadata = trainingjob.ObjectMeta.model_validate(body.get("metadata", {}))
+        try:
+            status = jobstatus.TrainingJobStatus.model_validate(body.get("status") or {})
+        except pydantic.ValidationError:
+            status = jobstatus.TrainingJobStatus()
+        return InvalidJob(metadata=metadata, status=status, error=_summarize(error))
+
+
+def _summarize(error: pydantic.ValidationError) -> str:
+    parts = []
+    for item in error.errors()[:3]:
+        where = ".".join(str(p) for p in item["loc"])
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def _int_label(labels: Mapping[str, str], key: str) -> int | None:
+    value = labels.get(key, "")
+    return int(value) if value.isdigit() else None
+
+
+def _parse_time(value: object) -> datetime.datetime | None:
+    if isinstance(value, datetime.datetime):
+        return value
+    if isinstance(value, str) and value:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return None
+
+
+def parse_pod(body: Mapping[str, Any]) -> ObservedPod | None:
+    """One pod of a job; None for a pod without Cairn's attempt/rank labels."""
+    metadata = body.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    attempt = _int_label(labels, names.LABEL_ATTEMPT)
+    rank = _int_label(labels, names.LABEL_RANK)
+    if attempt is None or rank is None:
+        return None
+    status = body.get("status") or {}
+    phase = status.get("phase", "Pending")
+    exit_code: int | None = None
+    reason: str | None = None
+    finished: datetime.datetime | None = None
+    for container in status.get("containerStatuses") or ():
+        if container.get("name") != names.CONTAINER:
+            continue
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            exit_code = int(terminated.get("exitCode", 0))
+            reason = terminated.get("reason")
+            finished = _parse_time(terminated.get("finishedAt"))
+    disruption: str | None = None
+    ready = False
+    for condition in status.get("conditions") or ():
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") == "DisruptionTarget":
+            disruption = condition.get("reason") or "DisruptionTarget"
+        elif condition.get("type") == "Ready":
+            ready = True
+    return ObservedPod(
+        name=str(metadata.get("name", "")),
+        uid=str(metadata.get("uid", "")),
+        attempt=attempt,
+        rank=rank,
+        phase=phase if phase in _POD_PHASES else "Unknown",
+        deleting=metadata.get("deletionTimestamp") is not None,
+        exit_code=exit_code,
+        termination_reason=reason,
+        finished_at=finished,
+        disruption_reason=disruption,
+        node_name=(body.get("spec") or {}).get("nodeName"),
+        ready=ready,
+    )
+
+
+def observe(*, pods: Iterable[Mapping[str, Any]], nodes_gone: Iterable[str] = ()) -> Observed:
+    parsed = (parse_pod(p) for p in pods)
+    return Observed(
+        pods=tuple(sorted((p for p in parsed if p), key=lambda p: (p.attempt, p.rank))),
+        nodes_gone=frozenset(nodes_gone),
+    )

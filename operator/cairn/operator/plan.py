@@ -1,0 +1,129 @@
+"""plan(): the operator's one decision per reconcile.
+
+Pure: ``plan(job=…, observed=…, now=…)`` reads the TrainingJob, what the
+handler observed (``observe.Observed``) and the injected clock, and returns a
+:class:`Plan` — the children to create, the children to delete, the status
+merge patch, the events, and when to look again. ``effects.apply()`` carries it
+out in this order: status, deletes, creates, events, so that a decision (a
+failure counted, an attempt number bumped) is recorded before it acts, and an
+operator killed between two steps converges on restart without duplicates.
+
+Read top to bottom: lifecycle.decide -> builders -> status.patch -> events.
+"""
+
+import dataclasses
+import datetime
+from typing import Any, Literal
+
+from cairn.api import jobstatus, trainingjob
+from cairn.operator import builders, k8stypes, lifecycle, observe, status
+
+EventType = Literal["Normal", "Warning"]
+_WARNING_PHASES: frozenset[str] = frozenset({"Failed", "Restarting"})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Delete:
+    """A child to delete; ``uid`` is a precondition so a same-named successor survives."""
+
+    kind: k8stypes.ChildKind
+    name: str
+    namespace: str
+    uid: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Event:
+    """A Kubernetes Event on the TrainingJob."""
+
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """Everything one reconcile should do, in the order effects applies it."""
+
+    status: k8stypes.StatusPatch | None = None
+    """None: the status is already as desired."""
+    deletes: tuple[Delete, ...] = ()
+    creates: tuple[k8stypes.Child, ...] = ()
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+    decision: lifecycle.Decision | None = None
+    """Why: kept for logs and tests."""
+
+    @property
+    def empty(self) -> bool:
+        return self.status is None and not self.deletes and not self.creates and not self.events
+
+
+def _status_changed(previous: jobstatus.TrainingJobStatus, patch: k8stypes.StatusPatch) -> bool:
+    before = previous.model_dump(by_alias=True, exclude_none=True)
+    after: dict[str, Any] = dict(before)
+    for key, value in patch.items():
+        if value is None:
+            after.pop(key, None)
+        else:
+            after[key] = value
+    return jobstatus.TrainingJobStatus.model_validate(after) != previous
+
+
+def _events(
+    previous: jobstatus.TrainingJobStatus, decision: lifecycle.Decision
+) -> tuple[Event, ...]:
+    """One event per transition: a phase change or a new attempt."""
+    changed = (previous.phase or "Pending") != decision.phase
+    new_attempt = (previous.attempt or 0) != decision.attempt
+    new_failure = decision.failure is not None and (
+        previous.last_failure is None or previous.last_failure.attempt != decision.failure.attempt
+    )
+    if not (changed or new_attempt or new_failure):
+        return ()
+    kind: EventType = "Warning" if decision.phase in _WARNING_PHASES else "Normal"
+    return (Event(type=kind, reason=decision.reason, message=decision.message),)
+
+
+def _deletes(metadata: trainingjob.ObjectMeta, decision: lifecycle.Decision) -> tuple[Delete, ...]:
+    return tuple(
+        Delete(kind="Pod", name=p.name, namespace=metadata.namespace, uid=p.uid or None)
+        for p in decision.delete
+    )
+
+
+def plan(
+    *,
+    job: trainingjob.TrainingJob | observe.InvalidJob,
+    observed: observe.Observed,
+    now: datetime.datetime,
+) -> Plan:
+    """Decide; pure."""
+    if isinstance(job, observe.InvalidJob):
+        decision = lifecycle.decide_invalid(job=job, observed=observed, now=now)
+        valid = None
+    else:
+        decision = lifecycle.decide(job=job, observed=observed, now=now)
+        valid = job
+    if decision.noop:
+        return Plan(requeue_after=decision.requeue_after, decision=decision)
+    creates: list[k8stypes.Child] = []
+    if valid is not None and decision.start_attempt and decision.resume is not None:
+        creates += builders.job_children(valid)
+        present = {p.rank for p in observed.pods_of(decision.attempt)}
+        creates += [
+            builders.pod(valid, attempt=decision.attempt, rank=rank, resume=decision.resume)
+            for rank in range(valid.spec.nodes)
+            if rank not in present
+        ]
+    patch = status.patch(
+        job=valid, metadata=job.metadata, previous=job.status, decision=decision, now=now
+    )
+    return Plan(
+        status=patch if _status_changed(job.status, patch) else None,
+        deletes=_deletes(job.metadata, decision),
+        creates=tuple(creates),
+        events=_events(job.status, decision),
+        requeue_after=decision.requeue_after,
+        decision=decision,
+    )

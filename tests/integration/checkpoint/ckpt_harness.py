@@ -1,0 +1,142 @@
+"""Launch and kill multi-process gloo jobs of `ckpt_worker` (test helper).
+
+Each job is `world` Python processes on loopback with env:// rendezvous on
+a free port; each gets TMPDIR and TORCHINDUCTOR_CACHE_DIR under the test's
+tmp dir. Every wait is bounded; kills go to the PIDs started here only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import typing
+
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+WORKER = pathlib.Path(__file__).with_name("ckpt_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclasses.dataclass(kw_only=True)
+class Job:
+    procs: list[subprocess.Popen[bytes]]
+    out: pathlib.Path
+    logs: list[pathlib.Path]
+
+    def wait(self, timeout: float = 120.0) -> None:
+        """Wait for every rank to exit 0; kill all and fail otherwise."""
+        deadline = time.monotonic() + timeout
+        for rank, proc in enumerate(self.procs):
+            try:
+                code = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired as exc:
+                self.kill()
+                raise AssertionError(
+                    f"rank {rank} did not finish in {timeout}s\n{self.tail()}"
+                ) from exc
+            if code != 0:
+                self.kill()
+                raise AssertionError(f"rank {rank} exited {code}\n{self.tail()}")
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+    def tail(self) -> str:
+        return "\n".join(
+            f"--- rank {r} ---\n" + log.read_text(errors="replace")[-3000:]
+            for r, log in enumerate(self.logs)
+        )
+
+    def result(self, rank: int) -> dict[str, typing.Any]:
+        data: dict[str, typing.Any] = json.loads((self.out / f"result-rank{rank}.json").read_text())
+        return data
+
+    def dump(self, tag: str | int, rank: int = 0) -> dict[str, typing.Any]:
+        data: dict[str, typing.Any] = torch.load(
+            self.out / f"dump-{tag}-rank{rank}.pt", weights_only=False
+        )
+        return data
+
+
+def launch(
+    cfg: dict[str, typing.Any],
+    *,
+    world: int,
+    tmp: pathlib.Path,
+    name: str,
+    env: dict[str, str] | None = None,
+) -> Job:
+    out = tmp / name
+    out.mkdir(parents=True)
+    (tmp / "tmpdir").mkdir(exist_ok=True)
+    cfg = {**cfg, "out": str(out)}
+    cfg_path = out / "config.json"
+    cfg_path.write_text(json.dumps(cfg))
+    port = free_port()
+    procs = []
+    logs = []
+    for rank in range(world):
+        log = out / f"log-rank{rank}.txt"
+        logs.append(log)
+        penv = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "TMPDIR": str(tmp / "tmpdir"),
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp / "tmpdir" / "inductor"),
+            "PYTHONPATH": os.pathsep.join(
+                str(REPO / p) for p in ("api", "operator", "trainer_image", "devcluster")
+            ),
+            "OMP_NUM_THREADS": "1",
+            **(env or {}),
+        }
+        with log.open("wb") as stream:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), str(cfg_path)],
+                    env=penv,
+                    stdout=stream,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return Job(procs=procs, out=out, logs=logs)
+
+
+def wait_for_file(path: pathlib.Path, *, job: Job, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if any(p.poll() is not None for p in job.procs):
+            job.kill()
+            raise AssertionError(f"a rank exited before reaching {path.name}\n{job.tail()}")
+        if time.monotonic() > deadline:
+            job.kill()
+            raise AssertionError(f"{path.name} did not appear in {timeout}s\n{job.tail()}")
+        time.sleep(0.05)
+
+
+def sigkill(job: Job, rank: int) -> None:
+    os.kill(job.procs[rank].pid, signal.SIGKILL)
+    job.procs[rank].wait(timeout=10)

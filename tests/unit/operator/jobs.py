@@ -1,0 +1,45 @@
+"""Shared builders of test TrainingJobs and observed pods (test data, not tests)."""
+
+import datetime
+from typing import Any
+
+from cairn.api import trainingjob
+from cairn.operator import observe
+
+T0 = datetime.datetime(2026, 11, 22, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "cairn.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "demo", "namespace": "ml", "uid": "uid-1", "generation": 1},
+        "spec": {"image": "cairn-trainer:dev", "nodes": 2, **spec},
+    }
+
+
+def job(status: dict[str, Any] | None = None, **spec: Any) -> trainingjob.TrainingJob:
+    raw = body(**spec)
+    if status is not None:
+        raw["status"] = status
+    return trainingjob.TrainingJob.model_validate(raw)
+
+
+def pod(
+    attempt: int,
+    rank: int,
+    phase: observe.PodPhase = "Running",
+    **fields: Any,
+) -> observe.ObservedPod:
+    return observe.ObservedPod(
+        name=f"demo-a{attempt}-n{rank}",
+        uid=f"pod-{attempt}-{rank}",
+        attempt=attempt,
+        rank=rank,
+        phase=phase,
+        **fields,
+    )

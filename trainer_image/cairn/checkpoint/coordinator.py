@@ -1,0 +1,178 @@
+"""How ranks agree during a checkpoint, without the training process group.
+
+The commit and upload barriers, the "step finished" broadcast and the save
+requests (time-based saves, preemption) go through a `Coordinator`. The
+c10d-store backend uses the rendezvous TCPStore that torchrun already runs;
+a Ray backend would implement the same protocol with an actor. Collectives on
+the training process group are never used here: an async save that issues
+them while FSDP keeps training deadlocks (see FIELD-NOTES).
+
+Keys are namespaced by attempt, so a store shared across restarts never
+mixes the reports of two attempts. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+import typing
+
+import torch.distributed as dist
+
+from cairn.checkpoint import errors
+
+
+class Store(typing.Protocol):
+    """The part of c10d's Store API used here (TCPStore, FileStore, PrefixStore)."""
+
+    def set(self, key: str, value: str) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def check(self, keys: list[str]) -> bool: ...
+
+    def compare_set(self, key: str, expected_value: str, desired_value: str) -> bytes: ...
+
+
+class Coordinator(typing.Protocol):
+    """Barriers and small messages between the ranks of one attempt."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    def publish(self, key: str, value: dict[str, typing.Any]) -> None:
+        """Post this rank's report for `key`."""
+
+    def gather(self, key: str, *, timeout: float) -> list[dict[str, typing.Any]]:
+        """Every rank's report for `key`, by rank; waits at most `timeout`."""
+
+    def broadcast(self, key: str, value: dict[str, typing.Any]) -> None:
+        """Post one value for `key` (usually from rank 0)."""
+
+    def wait_for(self, key: str, *, timeout: float) -> dict[str, typing.Any]:
+        """The broadcast value of `key`; waits at most `timeout`."""
+
+    def poll(self, key: str) -> dict[str, typing.Any] | None:
+        """The broadcast value of `key` if posted, else None; never blocks."""
+
+    def propose(self, key: str, value: dict[str, typing.Any]) -> dict[str, typing.Any]:
+        """Set `key` to `value` unless set; returns the value that won."""
+
+
+class StoreCoordinator:
+    """Coordinator over a c10d Store (torchrun's rendezvous TCPStore)."""
+
+    def __init__(self, store: Store, *, rank: int, world_size: int, namespace: str) -> None:
+        self._store = store
+        self._rank = rank
+        self._world_size = world_size
+        self._ns = namespace.rstrip("/")
+        # TCPStore clients are not documented as thread-safe; the writer
+        # thread and the training thread both use this one.
+        self._lock = threading.Lock()
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    def _key(self, key: str) -> str:
+        return f"{self._ns}/{key}"
+
+    def _wait(self, keys: list[str], timeout: float, what: str) -> None:
+        # Poll with short waits so the lock is not held for the whole bound.
+        deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout)
+        while True:
+            with self._lock:
+                if self._store.check(keys):
+                    return
+            if datetime.datetime.now() >= deadline:
+                raise errors.CoordinationTimeoutError(
+                    f"rank {self._rank}: no report for {what} within {timeout:.0f}s "
+                    "(a rank died or stalled)"
+                )
+            threading.Event().wait(0.02)
+
+    def publish(self, key: str, value: dict[str, typing.Any]) -> None:
+        with self._lock:
+            self._store.set(self._key(f"{key}/{self._rank}"), json.dumps(value))
+
+    def gather(self, key: str, *, timeout: float) -> list[dict[str, typing.Any]]:
+        keys = [self._key(f"{key}/{r}") for r in range(self._world_size)]
+        self._wait(keys, timeout, key)
+        with self._lock:
+            return [json.loads(self._store.get(k)) for k in keys]
+
+    def broadcast(self, key: str, value: dict[str, typing.Any]) -> None:
+        with self._lock:
+            self._store.set(self._key(key), json.dumps(value))
+
+    def wait_for(self, key: str, *, timeout: float) -> dict[str, typing.Any]:
+        self._wait([self._key(key)], timeout, key)
+        with self._lock:
+            result: dict[str, typing.Any] = json.loads(self._store.get(self._key(key)))
+        return result
+
+    def poll(self, key: str) -> dict[str, typing.Any] | None:
+        with self._lock:
+            if not self._store.check([self._key(key)]):
+                return None
+            result: dict[str, typing.Any] = json.loads(self._store.get(self._key(key)))
+        return result
+
+    def propose(self, key: str, value: dict[str, typing.Any]) -> dict[str, typing.Any]:
+        with self._lock:
+            won = self._store.compare_set(self._key(key), "", json.dumps(value))
+        result: dict[str, typing.Any] = json.loads(won)
+        return result
+
+
+class LocalCoordinator:
+    """The single-process coordinator (world size 1, no store)."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, dict[str, typing.Any]] = {}
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    def publish(self, key: str, value: dict[str, typing.Any]) -> None:
+        self._values[f"{key}/0"] = value
+
+    def gather(self, key: str, *, timeout: float) -> list[dict[str, typing.Any]]:
+        return [self._values[f"{key}/0"]]
+
+    def broadcast(self, key: str, value: dict[str, typing.Any]) -> None:
+        self._values[key] = value
+
+    def wait_for(self, key: str, *, timeout: float) -> dict[str, typing.Any]:
+        return self._values[key]
+
+    def poll(self, key: str) -> dict[str, typing.Any] | None:
+        return self._values.get(key)
+
+    def propose(self, key: str, value: dict[str, typing.Any]) -> dict[str, typing.Any]:
+        return self._values.setdefault(key, value)
+
+
+def from_default_group(*, namespace: str) -> Coordinator:
+    """The store coordinator of the default process group (LocalCoordinator if none)."""
+    if not dist.is_available() or not dist.is_initialized():
+        return LocalCoordinator()
+    # The rendezvous store of the default group: torchrun's TCPStore.
+    store: Store = dist.distributed_c10d._get_default_store()
+    return StoreCoordinator(
+        store, rank=dist.get_rank(), world_size=dist.get_world_size(), namespace=namespace
+    )

@@ -1,0 +1,39 @@
+"""Fault-injection pause points, controlled by environment variables.
+
+Tests kill a rank at a precise phase of the lifecycle: they set
+`CAIRN_CKPT_FAULT=<phase>[:<rank>[:<step>]]` and `CAIRN_CKPT_FAULT_DIR`; when
+the writer reaches that pause point it writes `<dir>/<phase>-<rank>-<step>`
+(containing its pid) and sleeps, bounded, so the test can SIGKILL it there.
+Unset (production), a pause point is a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+
+ENV_FAULT = "CAIRN_CKPT_FAULT"
+ENV_FAULT_DIR = "CAIRN_CKPT_FAULT_DIR"
+ENV_FAULT_SLEEP = "CAIRN_CKPT_FAULT_SLEEP"
+
+PHASES = ("staging", "write", "commit", "upload", "rotate")
+
+
+def pause_point(phase: str, *, rank: int, step: int) -> None:
+    """Stop here (bounded) if the environment asks for a fault at this point."""
+    spec = os.environ.get(ENV_FAULT)
+    if not spec:
+        return
+    want_phase, _, rest = spec.partition(":")
+    want_rank, _, want_step = rest.partition(":")
+    if want_phase != phase:
+        return
+    if want_rank and int(want_rank) != rank:
+        return
+    if want_step and int(want_step) != step:
+        return
+    directory = pathlib.Path(os.environ.get(ENV_FAULT_DIR, "."))
+    marker = directory / f"{phase}-{rank}-{step}"
+    marker.write_text(str(os.getpid()))
+    time.sleep(float(os.environ.get(ENV_FAULT_SLEEP, "120")))

@@ -1,0 +1,138 @@
+"""Configuration of the checkpoint writer: kw-only slotted dataclasses.
+
+Each field documents itself; `__post_init__` rejects bad combinations with a
+message naming the field. The operator renders these from the TrainingJob
+spec (via environment variables, see `from_env`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import typing
+
+from cairn.api import retention
+
+WriterKind = typing.Literal["thread"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class S3Options:
+    """Where and how a rank uploads its files (and downloads them on resume)."""
+
+    uri: str
+    """`s3://bucket/prefix`; step folders become `prefix/step-<N>/...`."""
+    endpoint_url: str | None = None
+    """Custom endpoint (MinIO, SeaweedFS...); None means AWS."""
+    region: str | None = None
+    access_key: str | None = None
+    """None: the standard AWS credential chain (env, profile, IRSA...)."""
+    secret_key: str | None = None
+    concurrency: int = 8
+    """Parallel part uploads/ranged GETs per rank."""
+    part_size: int = 16 * 1024 * 1024
+    max_attempts: int = 5
+    """Botocore attempts per request (standard retry mode: 5xx, SlowDown, resets)."""
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    """A request that receives nothing for this long fails (and is retried)."""
+    transfer_timeout: float = 600.0
+    """Bound on a whole upload/download of a rank's files; a stalled transfer fails."""
+
+    def __post_init__(self) -> None:
+        if not self.uri.startswith("s3://") or len(self.uri) <= len("s3://"):
+            raise ValueError(f"S3Options.uri must look like s3://bucket/prefix, got {self.uri!r}")
+        if self.concurrency < 1:
+            raise ValueError("S3Options.concurrency must be >= 1")
+        if self.part_size < 5 * 1024 * 1024:
+            raise ValueError("S3Options.part_size must be >= 5 MiB (S3 minimum part size)")
+        if self.max_attempts < 1:
+            raise ValueError("S3Options.max_attempts must be >= 1")
+        if (self.access_key is None) != (self.secret_key is None):
+            raise ValueError("S3Options.access_key and secret_key go together")
+
+    @property
+    def bucket(self) -> str:
+        return self.uri[len("s3://") :].split("/", 1)[0]
+
+    @property
+    def prefix(self) -> str:
+        """Key prefix without leading or trailing slash ('' for the bucket root)."""
+        parts = self.uri[len("s3://") :].split("/", 1)
+        return parts[1].strip("/") if len(parts) > 1 else ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointOptions:
+    """Everything the `CheckpointManager` needs to know."""
+
+    directory: pathlib.Path
+    """Local checkpoint root holding `step-<N>/` folders (shared by all ranks)."""
+    interval_steps: int | None = None
+    """Save when `step % interval_steps == 0`."""
+    interval_seconds: float | None = None
+    """Save when this long passed since the last save (rank 0's clock decides)."""
+    keep_last: int = 3
+    """Committed steps kept locally (>= 2: the newest may still be writing)."""
+    max_bytes: int | None = None
+    """Local byte budget for kept committed steps (protected steps are always kept)."""
+    attempt: int = 0
+    """Attempt id of this run (the operator's restart counter); fences commits."""
+    s3: S3Options | None = None
+    writer: WriterKind = "thread"
+    """Background writer kind. Only the thread writer is built (see docs)."""
+    write_threads: int = 2
+    """DCP writer threads per rank (one file each). Two measured 1.6x faster
+    than one here: torch.save's serialization is CPU-bound per thread."""
+    timeout_seconds: float = 600.0
+    """Bound on every wait for another rank (store waits, checkpoint collectives)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "directory", pathlib.Path(self.directory))
+        if self.interval_steps is not None and self.interval_steps < 1:
+            raise ValueError("CheckpointOptions.interval_steps must be >= 1 or None")
+        if self.interval_seconds is not None and self.interval_seconds <= 0:
+            raise ValueError("CheckpointOptions.interval_seconds must be > 0 or None")
+        if self.keep_last < retention.MIN_LOCAL_KEEP_LAST:
+            raise ValueError(
+                f"CheckpointOptions.keep_last must be >= {retention.MIN_LOCAL_KEEP_LAST}"
+            )
+        if self.max_bytes is not None and self.max_bytes <= 0:
+            raise ValueError("CheckpointOptions.max_bytes must be > 0 or None")
+        if self.attempt < 0:
+            raise ValueError("CheckpointOptions.attempt must be >= 0")
+        if self.write_threads < 1:
+            raise ValueError("CheckpointOptions.write_threads must be >= 1")
+        if self.timeout_seconds <= 0:
+            raise ValueError("CheckpointOptions.timeout_seconds must be > 0")
+
+
+def from_env(environ: typing.Mapping[str, str] | None = None) -> CheckpointOptions:
+    """Options from the CAIRN_CKPT_* environment the operator sets on each pod."""
+    env = os.environ if environ is None else environ
+
+    def opt_int(name: str) -> int | None:
+        return int(env[name]) if env.get(name) else None
+
+    s3 = None
+    if env.get("CAIRN_CKPT_S3_URI"):
+        s3 = S3Options(
+            uri=env["CAIRN_CKPT_S3_URI"],
+            endpoint_url=env.get("CAIRN_CKPT_S3_ENDPOINT") or None,
+            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+            concurrency=int(env.get("CAIRN_CKPT_S3_CONCURRENCY", "8")),
+        )
+    return CheckpointOptions(
+        directory=pathlib.Path(env.get("CAIRN_CKPT_DIR", "/checkpoints")),
+        interval_steps=opt_int("CAIRN_CKPT_INTERVAL_STEPS"),
+        interval_seconds=(
+            float(env["CAIRN_CKPT_INTERVAL_SECONDS"])
+            if env.get("CAIRN_CKPT_INTERVAL_SECONDS")
+            else None
+        ),
+        keep_last=int(env.get("CAIRN_CKPT_KEEP_LAST", "3")),
+        max_bytes=opt_int("CAIRN_CKPT_MAX_BYTES"),
+        attempt=int(env.get("CAIRN_ATTEMPT", "0")),
+        s3=s3,
+    )
