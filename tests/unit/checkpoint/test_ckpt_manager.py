@@ -288,18 +288,3 @@ def test_time_interval_requests_a_save(tmp_path: pathlib.Path) -> None:
         assert m.should_save(2)
         m.save(2, Trainer().objects)
         assert not m.should_save(3)
-
-
-def test_options_from_env(tmp_path: pathlib.Path) -> None:
-    env = {
-        "CAIRN_CKPT_DIR": str(tmp_path),
-        "CAIRN_CKPT_INTERVAL_STEPS": "50",
-        "CAIRN_CKPT_KEEP_LAST": "4",
-        "CAIRN_ATTEMPT": "3",
-        "CAIRN_CKPT_S3_URI": "s3://bucket/jobs/x",
-        "CAIRN_CKPT_S3_ENDPOINT": "http://127.0.0.1:9000",
-    }
-    parsed = options.from_env(env)
-    assert parsed.directory == tmp_path and parsed.interval_steps == 50
-    assert parsed.keep_last == 4 and parsed.attempt == 3
-    assert parsed.s3 is not None and parsed.s3.prefix == "jobs/x"

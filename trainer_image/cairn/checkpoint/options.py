@@ -2,13 +2,12 @@
 
 Each field documents itself; `__post_init__` rejects bad combinations with a
 message naming the field. The operator renders these from the TrainingJob
-spec (via environment variables, see `from_env`).
+spec via the pod's environment, parsed by `cairn.trainer.runtime_config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 import typing
 
@@ -106,33 +105,3 @@ class CheckpointOptions:
             raise ValueError("CheckpointOptions.write_threads must be >= 1")
         if self.timeout_seconds <= 0:
             raise ValueError("CheckpointOptions.timeout_seconds must be > 0")
-
-
-def from_env(environ: typing.Mapping[str, str] | None = None) -> CheckpointOptions:
-    """Options from the CAIRN_CKPT_* environment the operator sets on each pod."""
-    env = os.environ if environ is None else environ
-
-    def opt_int(name: str) -> int | None:
-        return int(env[name]) if env.get(name) else None
-
-    s3 = None
-    if env.get("CAIRN_CKPT_S3_URI"):
-        s3 = S3Options(
-            uri=env["CAIRN_CKPT_S3_URI"],
-            endpoint_url=env.get("CAIRN_CKPT_S3_ENDPOINT") or None,
-            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
-            concurrency=int(env.get("CAIRN_CKPT_S3_CONCURRENCY", "8")),
-        )
-    return CheckpointOptions(
-        directory=pathlib.Path(env.get("CAIRN_CKPT_DIR", "/checkpoints")),
-        interval_steps=opt_int("CAIRN_CKPT_INTERVAL_STEPS"),
-        interval_seconds=(
-            float(env["CAIRN_CKPT_INTERVAL_SECONDS"])
-            if env.get("CAIRN_CKPT_INTERVAL_SECONDS")
-            else None
-        ),
-        keep_last=int(env.get("CAIRN_CKPT_KEEP_LAST", "3")),
-        max_bytes=opt_int("CAIRN_CKPT_MAX_BYTES"),
-        attempt=int(env.get("CAIRN_ATTEMPT", "0")),
-        s3=s3,
-    )
