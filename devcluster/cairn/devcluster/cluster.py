@@ -304,8 +304,12 @@ def _s3_command(cluster: Cluster) -> list[str]:
     )
 
 
+# Started on demand (the demo, e2e tests), stopped by `down` first when present.
+OPTIONAL_COMPONENTS = ("operator",)
+
+
 def down(cluster: Cluster, *, purge: bool = False) -> None:
-    for name in reversed(COMPONENTS):
+    for name in (*OPTIONAL_COMPONENTS, *reversed(COMPONENTS)):
         processes.stop_pidfile(
             cluster.state.pidfile(name), grace_seconds=STOP_GRACE_SECONDS.get(name, 10.0)
         )

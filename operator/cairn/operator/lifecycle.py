@@ -19,7 +19,7 @@ import dataclasses
 import datetime
 from typing import Any
 
-from cairn.api import jobstatus, podenv, trainingjob
+from cairn.api import checkpointspec, jobstatus, podenv, trainingjob
 from cairn.operator import conditions as cond
 from cairn.operator import observe
 
@@ -103,7 +103,7 @@ def backoff_seconds(policy: trainingjob.RestartPolicy, *, restarts: int) -> int:
     return int(min(policy.backoff_seconds * 2 ** min(exponent, 30), policy.max_backoff_seconds))
 
 
-def stale_after_seconds(spec: trainingjob.CheckpointSpec) -> int:
+def stale_after_seconds(spec: checkpointspec.CheckpointSpec) -> int:
     if spec.stale_after_seconds is not None:
         return spec.stale_after_seconds
     if spec.interval_seconds is not None:

@@ -1,0 +1,321 @@
+"""The quickstart demo on the devcluster, and the same steps for the e2e test.
+
+`python -m cairn.devcluster.demo` (the README's first command runs it): brings
+the devcluster up, installs the CRD, starts the operator as a tracked local
+process, creates the S3 bucket and the credentials Secret, applies
+`examples/quickstart.yaml`, and prints a `kubectl get tj` row every time the
+job's state changes — through commits and uploads, a rank deliberately killed
+with SIGKILL, the gang restart resuming from the last committed step, and
+Succeeded. It ends with what is in S3 and how to clean up.
+"""
+
+import argparse
+import dataclasses
+import datetime
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from cairn.devcluster import build, cluster, errors, processes
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+CRD_PATH = REPO / "crds" / "cairn.dev_trainingjobs.yaml"
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+NAMESPACE = "cairn-demo"
+GROUP, VERSION, PLURAL = "cairn.dev", "v1alpha1", "trainingjobs"
+OPERATOR = "operator"
+JOB_TIMEOUT_SECONDS = 900.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Row:
+    """What one line of progress shows (the printer columns that matter)."""
+
+    phase: str
+    step: int | None
+    committed: int | None
+    uploaded: int | None
+    restarts: int
+    attempt: int | None
+    resumed_from: int | None
+
+    @classmethod
+    def of(cls, job: dict[str, Any]) -> "Row":
+        status = job.get("status") or {}
+        ckpts = status.get("checkpoints") or {}
+        return cls(
+            phase=str(status.get("phase") or "-"),
+            step=status.get("step"),
+            committed=(ckpts.get("lastCommitted") or {}).get("step"),
+            uploaded=(ckpts.get("lastUploaded") or {}).get("step"),
+            restarts=int(status.get("restarts") or 0),
+            attempt=status.get("attempt"),
+            resumed_from=(ckpts.get("resumedFrom") or {}).get("step"),
+        )
+
+    def line(self) -> str:
+        def show(value: object) -> str:
+            return "-" if value is None else str(value)
+
+        return (
+            f"{self.phase:<11} step={show(self.step):>3}  committed={show(self.committed):>3}  "
+            f"uploaded={show(self.uploaded):>3}  restarts={self.restarts}  "
+            f"attempt={show(self.attempt)}  resumedFrom={show(self.resumed_from)}"
+        )
+
+
+def say(text: str) -> None:
+    stamp = datetime.datetime.now().strftime("%H:%M:%S")
+    print(f"[{stamp}] {text}", flush=True)
+
+
+def install_crd(api_client: client.ApiClient) -> None:
+    ext = client.ApiextensionsV1Api(api_client)
+    body = yaml.safe_load(CRD_PATH.read_text())
+    name = body["metadata"]["name"]
+    try:
+        current = ext.read_custom_resource_definition(name)
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(name, body)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        ext.create_custom_resource_definition(body)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        got = ext.read_custom_resource_definition(name)
+        if any(
+            c.type == "Established" and c.status == "True" for c in got.status.conditions or []
+        ):
+            return
+        time.sleep(0.5)
+    raise errors.DevclusterError(f"CRD {name} not established within 60 s")
+
+
+def operator_running(target: cluster.Cluster) -> bool:
+    tracked = processes.read_pidfile(target.state.pidfile(OPERATOR))
+    return tracked is not None and processes.is_alive(tracked)
+
+
+def start_operator(target: cluster.Cluster) -> None:
+    """The operator as a local process (what the chart's Deployment runs), tracked by PID."""
+    if operator_running(target):
+        return
+    env = dict(os.environ)
+    env["KUBECONFIG"] = str(target.state.admin_kubeconfig)
+    env["TMPDIR"] = str(target.state.tmp)
+    argv = [sys.executable, "-m", "cairn.operator", "--all-namespaces"]
+    processes.spawn(
+        name=OPERATOR,
+        argv=argv,
+        log_path=target.state.log(OPERATOR),
+        pidfile=target.state.pidfile(OPERATOR),
+        env=env,
+    )
+
+
+def stop_operator(target: cluster.Cluster) -> None:
+    processes.stop_pidfile(target.state.pidfile(OPERATOR), grace_seconds=10.0)
+
+
+def prepare_namespace(
+    *, api_client: client.ApiClient, target: cluster.Cluster, namespace: str, bucket: str
+) -> None:
+    """Namespace, the S3 bucket, and the credentials Secret the job refers to."""
+    import boto3
+
+    core = client.CoreV1Api(api_client)
+    try:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    creds = target.s3_credentials()
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=target.s3_endpoint,
+        aws_access_key_id=creds.access_key,
+        aws_secret_access_key=creds.secret_key,
+        region_name="us-east-1",
+    )
+    existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
+    if bucket not in existing:
+        s3.create_bucket(Bucket=bucket)
+    secret = client.V1Secret(
+        metadata=client.V1ObjectMeta(name="cairn-demo-s3"),
+        string_data={
+            "AWS_ACCESS_KEY_ID": creds.access_key,
+            "AWS_SECRET_ACCESS_KEY": creds.secret_key,
+        },
+    )
+    try:
+        core.create_namespaced_secret(namespace, secret)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        core.replace_namespaced_secret("cairn-demo-s3", namespace, secret)
+
+
+def quickstart_manifest(target: cluster.Cluster, *, name: str) -> dict[str, Any]:
+    """examples/quickstart.yaml with the S3 endpoint as pods reach it here."""
+    body: dict[str, Any] = yaml.safe_load(QUICKSTART.read_text())
+    body["metadata"]["name"] = name
+    body["spec"]["checkpoint"]["upload"]["endpoint"] = target.s3_pod_endpoint
+    return body
+
+
+def get_job(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
+    job: dict[str, Any] = custom.get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name
+    )
+    return job
+
+
+def kill_rank(core: client.CoreV1Api, *, namespace: str, job: str, rank: int) -> int | None:
+    """SIGKILL the trainer process of `rank` in the job's current attempt; its PID."""
+    pods = core.list_namespaced_pod(
+        namespace, label_selector=f"cairn.dev/job-name={job},cairn.dev/rank={rank}"
+    ).items
+    running = [p for p in pods if p.status.phase == "Running" and p.status.container_statuses]
+    if not running:
+        return None
+    container_id = running[0].status.container_statuses[0].container_id or ""
+    if not container_id.startswith("cairn://"):
+        return None
+    pid = int(container_id.removeprefix("cairn://"))
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def run_job(
+    *,
+    api_client: client.ApiClient,
+    target: cluster.Cluster,
+    namespace: str,
+    name: str,
+    kill_rank_after_commit: int | None,
+    on_row: Callable[[Row], None],
+    timeout: float = JOB_TIMEOUT_SECONDS,
+) -> dict[str, Any]:
+    """Apply the quickstart as `name`, follow it to the end, maybe kill a rank once."""
+    custom = client.CustomObjectsApi(api_client)
+    core = client.CoreV1Api(api_client)
+    try:
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            get_job(custom, namespace, name)
+            time.sleep(0.5)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, quickstart_manifest(target, name=name)
+    )
+    last: Row | None = None
+    killed = False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = get_job(custom, namespace, name)
+        row = Row.of(job)
+        if row != last:
+            on_row(row)
+            last = row
+        if row.phase in ("Succeeded", "Failed"):
+            return job
+        ready_to_kill = (
+            kill_rank_after_commit is not None
+            and not killed
+            and row.phase == "Running"
+            and (row.committed or 0) >= kill_rank_after_commit
+        )
+        if ready_to_kill:
+            pid = kill_rank(core, namespace=namespace, job=name, rank=1)
+            if pid is not None:
+                killed = True
+                say(f"killed rank 1 (pid {pid}) with SIGKILL, mid-training")
+        time.sleep(1.0)
+    raise errors.DevclusterError(f"TrainingJob {namespace}/{name} did not finish in {timeout:.0f}s")
+
+
+def s3_listing(target: cluster.Cluster, *, bucket: str, prefix: str) -> dict[str, list[str]]:
+    """Step folder → object names under s3://bucket/prefix."""
+    import boto3
+
+    creds = target.s3_credentials()
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=target.s3_endpoint,
+        aws_access_key_id=creds.access_key,
+        aws_secret_access_key=creds.secret_key,
+        region_name="us-east-1",
+    )
+    out: dict[str, list[str]] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            rel = item["Key"][len(prefix) :].lstrip("/")
+            folder, _, rest = rel.partition("/")
+            out.setdefault(folder, []).append(rest)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cairn.devcluster.demo", description=__doc__)
+    parser.add_argument("--name", default="quickstart")
+    parser.add_argument("--no-kill", action="store_true", help="do not kill a rank")
+    args = parser.parse_args(argv)
+    target = cluster.Cluster.default()
+    try:
+        say("bringing up the devcluster")
+        report = cluster.up(target)
+        say(f"devcluster ready ({'already running' if report.already_running else f'{report.ready_seconds:.1f}s'})")
+        api_client = config.new_client_from_config(config_file=str(target.state.admin_kubeconfig))
+        install_crd(api_client)
+        say("CRD trainingjobs.cairn.dev installed")
+        manifest = yaml.safe_load(QUICKSTART.read_text())
+        uri = manifest["spec"]["checkpoint"]["upload"]["uri"]
+        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        prepare_namespace(api_client=api_client, target=target, namespace=NAMESPACE, bucket=bucket)
+        start_operator(target)
+        say(f"operator running (log: {target.state.log(OPERATOR)})")
+        say(f"applying examples/quickstart.yaml as {NAMESPACE}/{args.name}")
+        started = time.monotonic()
+        job = run_job(
+            api_client=api_client,
+            target=target,
+            namespace=NAMESPACE,
+            name=args.name,
+            kill_rank_after_commit=None if args.no_kill else 10,
+            on_row=lambda row: say(row.line()),
+        )
+        say(f"job finished: {Row.of(job).phase} in {time.monotonic() - started:.0f}s")
+        kubectl = build.KUBERNETES.binary("kubectl")
+        env = dict(os.environ, KUBECONFIG=str(target.state.admin_kubeconfig))
+        subprocess.run([str(kubectl), "-n", NAMESPACE, "get", "tj", "-o", "wide"], env=env, check=False)
+        job_prefix = f"{prefix}".strip("/")
+        listing = s3_listing(target, bucket=bucket, prefix=job_prefix)
+        say(f"in s3://{bucket}/{job_prefix}:")
+        for folder, objects in sorted(listing.items()):
+            print(f"    {folder}/  ({len(objects)} objects, manifest: {'manifest.json' in objects})")
+        print()
+        print("Clean up:")
+        print(f"    kubectl -n {NAMESPACE} delete tj {args.name}    # checkpoints in S3 are retained (onDelete: Retain)")
+        print("    devcluster down                             # stops the operator, the cluster and S3")
+        print(f'Use kubectl: eval "$({pathlib.Path(sys.executable).parent / "devcluster"} env)"')
+        return 0 if Row.of(job).phase == "Succeeded" else 1
+    except errors.DevclusterError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

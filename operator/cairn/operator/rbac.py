@@ -1,0 +1,64 @@
+"""The operator's own RBAC: every API call it makes, as least-privilege rules.
+
+Pure data. The Helm chart's ClusterRole/Role rules are generated from here
+(``charts/generate.py`` writes ``charts/cairn/files/operator-rbac.yaml``; a
+drift test keeps them equal), so the rules live next to the code that needs
+them. Each rule names its caller; when ``handlers``/``effects`` start a new
+kind of call, add the rule here and regenerate.
+
+Two scopes:
+
+- ``NAMESPACED_RULES`` are granted where TrainingJobs are watched: cluster-wide
+  through a ClusterRole + ClusterRoleBinding, or per namespace through a Role +
+  RoleBinding in each watched namespace.
+- ``CLUSTER_RULES`` are cluster-scoped reads kopf needs in either mode.
+
+Not granted on purpose: Secrets (the S3 credentials reach pods only through
+``secretKeyRef``, resolved by the kubelet), nodes, ``update`` (everything is
+created, patched or deleted), ``escalate``/``bind`` (the per-job Role it
+creates grants only ``get``/``patch`` on the job's ``/status``, which the
+operator itself holds, so RBAC's escalation check passes without them).
+"""
+
+from typing import Final, TypedDict
+
+from cairn.api import trainingjob
+
+
+class PolicyRule(TypedDict):
+    """rbac.authorization.k8s.io/v1 PolicyRule (the fields we use)."""
+
+    apiGroups: list[str]
+    resources: list[str]
+    verbs: list[str]
+
+
+def _rule(group: str, resources: list[str], verbs: list[str]) -> PolicyRule:
+    return {"apiGroups": [group], "resources": resources, "verbs": verbs}
+
+
+NAMESPACED_RULES: Final[tuple[PolicyRule, ...]] = (
+    # handlers: kopf watches jobs, and patches metadata (finalizer, progress annotations).
+    _rule(trainingjob.GROUP, [trainingjob.PLURAL], ["get", "list", "watch", "patch"]),
+    # effects.apply: the status merge patch. `get` as well: the per-job Role grants
+    # get/patch on /status, and RBAC only lets us grant what we hold.
+    _rule(trainingjob.GROUP, [f"{trainingjob.PLURAL}/status"], ["get", "patch"]),
+    # handlers: the pod index and pod events; effects: create ranks, delete them.
+    _rule("", ["pods"], ["get", "list", "watch", "create", "delete"]),
+    # effects: the per-job headless Service and ServiceAccount.
+    _rule("", ["services", "serviceaccounts"], ["get", "create", "delete"]),
+    # effects: the per-job Role/RoleBinding that let rank 0 patch the job's status.
+    _rule("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "create"]),
+    # effects: one Event per transition.
+    _rule("", ["events"], ["create"]),
+)
+
+CLUSTER_RULES: Final[tuple[PolicyRule, ...]] = (
+    # kopf: notices CRDs appearing/disappearing at runtime (read-only).
+    _rule("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]),
+)
+
+
+def rules() -> dict[str, list[PolicyRule]]:
+    """Both rule sets, keyed as the chart reads them (``namespaced``, ``cluster``)."""
+    return {"namespaced": list(NAMESPACED_RULES), "cluster": list(CLUSTER_RULES)}
