@@ -8,18 +8,21 @@ and waits (bounded) until the API is ready, the nodes are Ready and the
 and removes what they left outside the state directory.
 """
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import pathlib
 import shlex
+import shutil
 import socket
 import ssl
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from cairn.devcluster import build, controlplane, errors, network, paths, pki, processes, s3
 
@@ -227,14 +230,36 @@ def _check_not_stale(cluster: Cluster) -> None:
         )
 
 
+@contextlib.contextmanager
+def _exclusive(cluster: Cluster) -> Iterator[None]:
+    """Serialize up/down across processes: a second `up` waits, then finds it running."""
+    cluster.state.root.mkdir(parents=True, exist_ok=True)
+    with (cluster.state.root / ".lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def up(cluster: Cluster) -> UpReport:
+    with _exclusive(cluster):
+        try:
+            return _up(cluster)
+        except BaseException:
+            # Leave nothing half-started behind a failed or interrupted `up`.
+            _down(cluster)
+            raise
+
+
+def _up(cluster: Cluster) -> UpReport:
     state = cluster.state
     alive = running_components(cluster)
     if all(alive.values()) and _nodes_ready(cluster):
         return UpReport(build_seconds={}, ready_seconds=0.0, already_running=True)
     if any(alive.values()):
         # Half up (a crash, or ^C during up): start over from a clean slate of processes.
-        down(cluster)
+        _down(cluster)
     _check_not_stale(cluster)
     for directory in (state.root, state.logs, state.pids, state.tmp):
         directory.mkdir(parents=True, exist_ok=True)
@@ -309,6 +334,11 @@ OPTIONAL_COMPONENTS = ("operator",)
 
 
 def down(cluster: Cluster, *, purge: bool = False) -> None:
+    with _exclusive(cluster):
+        _down(cluster, purge=purge)
+
+
+def _down(cluster: Cluster, *, purge: bool = False) -> None:
     for name in (*OPTIONAL_COMPONENTS, *reversed(COMPONENTS)):
         processes.stop_pidfile(
             cluster.state.pidfile(name), grace_seconds=STOP_GRACE_SECONDS.get(name, 10.0)
@@ -322,8 +352,6 @@ def down(cluster: Cluster, *, purge: bool = False) -> None:
 
 
 def _purge(root: pathlib.Path) -> None:
-    import shutil
-
     shutil.rmtree(root)
 
 

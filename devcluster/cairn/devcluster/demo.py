@@ -93,9 +93,7 @@ def install_crd(api_client: client.ApiClient) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         got = ext.read_custom_resource_definition(name)
-        if any(
-            c.type == "Established" and c.status == "True" for c in got.status.conditions or []
-        ):
+        if any(c.type == "Established" and c.status == "True" for c in got.status.conditions or []):
             return
         time.sleep(0.5)
     raise errors.DevclusterError(f"CRD {name} not established within 60 s")
@@ -247,6 +245,30 @@ def run_job(
     raise errors.DevclusterError(f"TrainingJob {namespace}/{name} did not finish in {timeout:.0f}s")
 
 
+def clear_prefix(target: cluster.Cluster, *, bucket: str, prefix: str) -> int:
+    """Delete what a previous demo run left under the prefix; the count deleted."""
+    import boto3
+
+    creds = target.s3_credentials()
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=target.s3_endpoint,
+        aws_access_key_id=creds.access_key,
+        aws_secret_access_key=creds.secret_key,
+        region_name="us-east-1",
+    )
+    keys = [
+        item["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for item in page.get("Contents", [])
+    ]
+    # Manifests first, so a half-cleared step is never taken for a committed one.
+    keys.sort(key=lambda k: not k.endswith("manifest.json"))
+    for key in keys:
+        s3.delete_object(Bucket=bucket, Key=key)
+    return len(keys)
+
+
 def s3_listing(target: cluster.Cluster, *, bucket: str, prefix: str) -> dict[str, list[str]]:
     """Step folder → object names under s3://bucket/prefix."""
     import boto3
@@ -277,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         say("bringing up the devcluster")
         report = cluster.up(target)
-        say(f"devcluster ready ({'already running' if report.already_running else f'{report.ready_seconds:.1f}s'})")
+        say(
+            f"devcluster ready ({'already running' if report.already_running else f'{report.ready_seconds:.1f}s'})"
+        )
         api_client = config.new_client_from_config(config_file=str(target.state.admin_kubeconfig))
         install_crd(api_client)
         say("CRD trainingjobs.cairn.dev installed")
@@ -285,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         uri = manifest["spec"]["checkpoint"]["upload"]["uri"]
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         prepare_namespace(api_client=api_client, target=target, namespace=NAMESPACE, bucket=bucket)
+        cleared = clear_prefix(target, bucket=bucket, prefix=prefix)
+        if cleared:
+            say(f"removed {cleared} objects of a previous demo run from s3://{bucket}/{prefix}")
         start_operator(target)
         say(f"operator running (log: {target.state.log(OPERATOR)})")
         say(f"applying examples/quickstart.yaml as {NAMESPACE}/{args.name}")
@@ -300,16 +327,24 @@ def main(argv: list[str] | None = None) -> int:
         say(f"job finished: {Row.of(job).phase} in {time.monotonic() - started:.0f}s")
         kubectl = build.KUBERNETES.binary("kubectl")
         env = dict(os.environ, KUBECONFIG=str(target.state.admin_kubeconfig))
-        subprocess.run([str(kubectl), "-n", NAMESPACE, "get", "tj", "-o", "wide"], env=env, check=False)
+        subprocess.run(
+            [str(kubectl), "-n", NAMESPACE, "get", "tj", "-o", "wide"], env=env, check=False
+        )
         job_prefix = f"{prefix}".strip("/")
         listing = s3_listing(target, bucket=bucket, prefix=job_prefix)
         say(f"in s3://{bucket}/{job_prefix}:")
         for folder, objects in sorted(listing.items()):
-            print(f"    {folder}/  ({len(objects)} objects, manifest: {'manifest.json' in objects})")
+            print(
+                f"    {folder}/  ({len(objects)} objects, manifest: {'manifest.json' in objects})"
+            )
         print()
         print("Clean up:")
-        print(f"    kubectl -n {NAMESPACE} delete tj {args.name}    # checkpoints in S3 are retained (onDelete: Retain)")
-        print("    devcluster down                             # stops the operator, the cluster and S3")
+        print(
+            f"    kubectl -n {NAMESPACE} delete tj {args.name}    # checkpoints in S3 are retained (onDelete: Retain)"
+        )
+        print(
+            "    devcluster down                             # stops the operator, the cluster and S3"
+        )
         print(f'Use kubectl: eval "$({pathlib.Path(sys.executable).parent / "devcluster"} env)"')
         return 0 if Row.of(job).phase == "Succeeded" else 1
     except errors.DevclusterError as exc:

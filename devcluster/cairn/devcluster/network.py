@@ -25,6 +25,7 @@ PREFIX_LENGTH = 16
 POD_RANGE_START = ipaddress.IPv4Address("10.244.1.2")
 NETNS_PREFIX = "cairn-"
 ETC_NETNS = pathlib.Path("/etc/netns")
+NETNS_RUN_DIR = pathlib.Path("/run/netns")  # where `ip netns add` mounts the namespaces
 
 
 def _ip(
@@ -60,6 +61,11 @@ def ensure_bridge() -> None:
 
 def netns_name(index: int) -> str:
     return f"{NETNS_PREFIX}{index}"
+
+
+def netns_exists(index: int) -> bool:
+    """Whether namespace `cairn-<index>` is there (another agent's, or a leftover)."""
+    return (NETNS_RUN_DIR / netns_name(index)).exists()
 
 
 def pod_address(index: int) -> str:

@@ -10,7 +10,7 @@ import sys
 
 import kopf
 
-from cairn.operator import handlers
+from cairn.operator import handlers  # noqa: F401  (importing registers the handlers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +21,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
-    del handlers  # imported for its registrations with kopf
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON)
     kopf.run(
         standalone=True,

@@ -11,7 +11,8 @@ Two scopes:
 - ``NAMESPACED_RULES`` are granted where TrainingJobs are watched: cluster-wide
   through a ClusterRole + ClusterRoleBinding, or per namespace through a Role +
   RoleBinding in each watched namespace.
-- ``CLUSTER_RULES`` are cluster-scoped reads kopf needs in either mode.
+- ``CLUSTER_RULES`` are cluster-scoped reads kopf needs in either mode (CRDs and
+  namespaces: names and labels only).
 
 Not granted on purpose: Secrets (the S3 credentials reach pods only through
 ``secretKeyRef``, resolved by the kubelet), nodes, ``update`` (everything is
@@ -56,6 +57,9 @@ NAMESPACED_RULES: Final[tuple[PolicyRule, ...]] = (
 CLUSTER_RULES: Final[tuple[PolicyRule, ...]] = (
     # kopf: notices CRDs appearing/disappearing at runtime (read-only).
     _rule("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]),
+    # kopf: observes namespaces (even for explicit --namespace names, it lists
+    # them at startup and retries forever on 403; measured on the devcluster).
+    _rule("", ["namespaces"], ["list", "watch"]),
 )
 
 

@@ -7,6 +7,7 @@ same time, each pair's server bound to 0.0.0.0:29500 (as torchrun's store
 binds), so they clash unless each pod has its own network namespace.
 """
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,6 +76,10 @@ def _pair(core: Any, namespace: str) -> None:
         core.create_namespaced_pod(namespace, pod)
 
 
+def _finished(core: Any, name: str, namespace: str) -> bool:
+    return kh.pod_phase(core, name, namespace) in ("Succeeded", "Failed")
+
+
 def test_two_pairs_resolve_and_talk_on_the_same_port(
     devcluster: Any, two_namespaces: tuple[str, str]
 ) -> None:
@@ -84,7 +89,7 @@ def test_two_pairs_resolve_and_talk_on_the_same_port(
     for namespace in two_namespaces:
         for name in ("server", "client"):
             kh.wait_for(
-                lambda n=name, ns=namespace: kh.pod_phase(core, n, ns) in ("Succeeded", "Failed"),
+                functools.partial(_finished, core, name, namespace),
                 timeout=120,
                 what=f"{namespace}/{name} to finish",
             )

@@ -26,7 +26,9 @@ def test_port_in_use_is_named(tmp_path: pathlib.Path) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         target = _cluster(tmp_path, apiserver=port)
-        with pytest.raises(errors.DevclusterError, match=rf"port\(s\) (.*, )?{port}(, .*)? already in use"):
+        with pytest.raises(
+            errors.DevclusterError, match=rf"port\(s\) (.*, )?{port}(, .*)? already in use"
+        ):
             cluster._check_ports(target)
 
 

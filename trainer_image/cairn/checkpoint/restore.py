@@ -89,6 +89,11 @@ def restore(
         raise errors.CheckpointError(f"resume planning failed on rank 0: {plan['error']}")
     candidates: list[int] = plan["candidates"]
     local, remote_set = set(plan["local"]), set(plan["remote"])
+    # Node-local volumes (emptyDir per pod): no rank sees another's files, so
+    # each downloads a whole step; on a shared volume each downloads its share.
+    shared = directory_shared(
+        directory=opts.directory, coordinator=coord, namespace=namespace, timeout=timeout
+    )
     if step is not None and not candidates:
         raise errors.CheckpointError(f"requested resume step {step} is not committed anywhere")
 
@@ -111,7 +116,7 @@ def restore(
             else:
                 assert s3_client is not None and opts.s3 is not None
                 manifest = remote.get_manifest(s3_client, opts.s3, candidate)
-                share = manifest.files[rank::world]
+                share = manifest.files[rank::world] if shared else manifest.files
                 folder.mkdir(parents=True, exist_ok=True)
                 remote.download_files(
                     s3_client, opts.s3, step=candidate, folder=folder, entries=share
@@ -146,7 +151,7 @@ def restore(
             else:
                 coord.wait_for(f"{key}/cleaned", timeout=timeout)
             continue
-        if source == "s3" and rank == 0:
+        if source == "s3" and (rank == 0 or not shared):
             # Verified download: commit it locally too (manifest last).
             layout.write_manifest_exclusive(folder, manifest)
             layout.mark_uploaded(folder)
@@ -177,6 +182,35 @@ def restore(
             + "; ".join(f"step {s}: {r}" for s, r in skipped)
         )
     return None
+
+
+def directory_shared(
+    *,
+    directory: typing.Any,
+    coordinator: coordinator_mod.Coordinator,
+    namespace: str,
+    timeout: float,
+) -> bool:
+    """Whether every rank sees the same checkpoint directory (a shared volume).
+
+    Each rank drops a probe file, the ranks agree on a barrier, and each
+    reports whether it sees all probes; one rank that does not makes it False.
+    """
+    import pathlib
+
+    rank, world = coordinator.rank, coordinator.world_size
+    root = pathlib.Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    tag = namespace.replace("/", "_")
+    probe = root / f".cairn-probe-{tag}-{rank}"
+    probe.write_text(str(rank))
+    coordinator.publish(f"{namespace}/probe", {"ok": True})
+    coordinator.gather(f"{namespace}/probe", timeout=timeout)
+    sees_all = all((root / f".cairn-probe-{tag}-{r}").exists() for r in range(world))
+    coordinator.publish(f"{namespace}/probe-seen", {"all": sees_all})
+    reports = coordinator.gather(f"{namespace}/probe-seen", timeout=timeout)
+    probe.unlink(missing_ok=True)
+    return all(report.get("all") for report in reports)
 
 
 def _load(

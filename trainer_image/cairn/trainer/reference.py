@@ -88,7 +88,7 @@ class StatusFeed:
         self._lock = threading.Lock()
         s3 = cfg.checkpoint.s3
         self.tracker = checkpoint_status.Tracker(upload_uri=s3.uri if s3 else None)
-        self.step = 0
+        self.step: int | None = None  # unknown until restored or stepped
         self.reporter: status_reporter.StatusReporter | None = None
         if cfg.report_status and cfg.job_name and cfg.namespace:
             from kubernetes import client, config
@@ -108,7 +108,7 @@ class StatusFeed:
             self.tracker = checkpoint_status.apply(self.tracker, event, now=self._now())
             self._push()
 
-    def on_step(self, step: int) -> None:
+    def on_step(self, step: int | None) -> None:
         with self._lock:
             self.step = step
             self._push()
@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                             fell_back_from=fell_back,
                         )
                     )
+        if feed:
+            feed.on_step(train.step)
         # -- step
         while train.step < args.steps:
             batch = sampler.next_batch().to(device)

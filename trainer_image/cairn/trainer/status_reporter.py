@@ -60,18 +60,15 @@ def kubernetes_patcher(*, api_client: Any, namespace: str, name: str) -> PatchFn
     group, version = trainingjob.API_VERSION.split("/")
 
     def patch(body: dict[str, Any]) -> None:
-        custom.api_client.call_api(
-            f"/apis/{group}/{version}/namespaces/{{namespace}}/{trainingjob.PLURAL}/{{name}}/status",
-            "PATCH",
-            path_params={"namespace": namespace, "name": name},
-            query_params=[("fieldManager", FIELD_MANAGER)],
-            header_params={
-                "Content-Type": "application/merge-patch+json",
-                "Accept": "application/json",
-            },
-            body=body,
-            auth_settings=["BearerToken"],
-            response_type="object",
+        custom.patch_namespaced_custom_object_status(
+            group,
+            version,
+            namespace,
+            trainingjob.PLURAL,
+            name,
+            body,
+            field_manager=FIELD_MANAGER,
+            _content_type="application/merge-patch+json",
             _request_timeout=10,
         )
 
@@ -134,7 +131,7 @@ class StatusReporter:
             try:
                 self._patch(body)
             except Exception as exc:  # any API failure: keep training, retry later
-                log.warning("status patch failed, will retry", extra={"error": str(exc)})
+                log.warning("status patch failed, will retry: %s", exc)
                 with self._lock:
                     self.stats.patch_failures += 1
                     if self._pending is None:

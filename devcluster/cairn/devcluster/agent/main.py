@@ -25,6 +25,9 @@ from cairn.devcluster.agent import hosts, informer, logserver, nodes, provisione
 
 log = logging.getLogger("cairn.devcluster.agent")
 _STANDARD = set(vars(logging.makeLogRecord({})))
+# The cluster sends SIGKILL 15 s after SIGTERM: stay well inside that.
+SHUTDOWN_JOIN_SECONDS = 2.0
+SHUTDOWN_GRACE_SECONDS = 5.0
 
 
 class JsonFormatter(logging.Formatter):
@@ -63,6 +66,7 @@ class Agent:
             release_index=self._release,
             hosts_changed=self._hosts_changed,
             hosts_records=self._records,
+            stopping=self.stop,
         )
         self.keeper = nodes.NodeKeeper(
             core=self.core,
@@ -78,7 +82,11 @@ class Agent:
     # --- addresses and hosts files
     def _allocate(self) -> int:
         with self.lock:
-            index = next(i for i in range(1, 60000) if i not in self.used_indices)
+            index = next(
+                i
+                for i in range(1, 60000)
+                if i not in self.used_indices and not network.netns_exists(i)
+            )
             self.used_indices.add(index)
             return index
 
@@ -156,6 +164,27 @@ class Agent:
             )
 
     # --- lifecycle
+    def _stop_pods(self) -> None:
+        """SIGTERM every pod process, SIGKILL what outlives the grace, drop the netns.
+
+        Workers see `stop` and leave their loops first, so nothing restarts
+        what is being stopped. The bridge stays: `cluster down` removes it.
+        """
+        with self.lock:
+            workers = list(self.workers.values())
+        deadline = time.monotonic() + SHUTDOWN_JOIN_SECONDS
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        for worker in workers:
+            worker.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_SECONDS
+        while time.monotonic() < deadline and any(w.live_processes() for w in workers):
+            time.sleep(0.1)
+        for worker in workers:
+            worker.signal_all(signal.SIGKILL)
+            worker.release_network()
+        log.info("pods stopped", extra={"pods": len(workers)})
+
     def run(self) -> int:
         network.ensure_bridge()
         self.keeper.register()
@@ -208,13 +237,10 @@ class Agent:
             self._reap_workers()
         log.info("agent stopping")
         self.keeper.stop.set()
-        with self.lock:
-            workers = list(self.workers.values())
-        for worker in workers:
-            worker.kill_all()
         for server in servers:
             server.shutdown()
-        network.remove_all(state_dir=self.state_dir)
+        self._stop_pods()
+        log.info("agent stopped")
         return 0
 
 

@@ -1,7 +1,9 @@
 """Registers the agent's Nodes and keeps them Ready with Leases.
 
 Each `--node NAME:cpu=4,memory=16Gi,nvidia.com/gpu=2` becomes a Node with
-that capacity (and `pods`), address 127.0.0.1, its own kubelet port, and a
+that capacity (and `pods`), labels from `label.<k>=<v>` items, taints from
+`taint.<k>=<v>:<Effect>` items (`taint.<k>:<Effect>` without a value),
+address 127.0.0.1, its own kubelet port, and a
 Lease in `kube-node-lease` renewed every 10 s; the Ready condition's
 heartbeat is refreshed every 30 s, as a kubelet with node leases does.
 """
@@ -28,20 +30,42 @@ class NodeSpec:
     capacity: dict[str, str]
     kubelet_port: int
     labels: dict[str, str]
+    taints: tuple[tuple[str, str, str], ...] = ()
+    """(key, value, effect) for each taint; value may be empty."""
 
 
 def parse_node(text: str, *, kubelet_port: int) -> NodeSpec:
-    """Pure: `name:key=value,...` (a `label.<k>=<v>` key adds a label)."""
+    """Pure: `name:key=value,...`; `label.<k>=<v>` adds a label, `taint.<k>=<v>:<E>` a taint."""
     name, _, rest = text.partition(":")
     capacity = {"cpu": "4", "memory": "16Gi", "pods": "110", "ephemeral-storage": "100Gi"}
     labels: dict[str, str] = {}
+    taints: list[tuple[str, str, str]] = []
     for item in filter(None, rest.split(",")):
+        if item.startswith("taint."):
+            body, _, effect = item[len("taint.") :].rpartition(":")
+            key, _, value = body.partition("=")
+            taints.append((key, value, effect))
+            continue
         key, _, value = item.partition("=")
         if key.startswith("label."):
             labels[key[len("label.") :]] = value
         else:
             capacity[key] = value
-    return NodeSpec(name=name, capacity=capacity, kubelet_port=kubelet_port, labels=labels)
+    return NodeSpec(
+        name=name,
+        capacity=capacity,
+        kubelet_port=kubelet_port,
+        labels=labels,
+        taints=tuple(taints),
+    )
+
+
+def node_taints(spec: NodeSpec) -> list[dict[str, str]]:
+    """Pure: the Node's `spec.taints`."""
+    return [
+        {"key": key, "effect": effect, **({"value": value} if value else {})}
+        for key, value, effect in spec.taints
+    ]
 
 
 def _now() -> datetime.datetime:
@@ -118,13 +142,17 @@ class NodeKeeper:
                 "apiVersion": "v1",
                 "kind": "Node",
                 "metadata": {"name": spec.name, "labels": labels},
+                "spec": {"taints": node_taints(spec)},
             }
             try:
                 self.core.create_node(body)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                self.core.patch_node(spec.name, {"metadata": {"labels": labels}})
+                self.core.patch_node(
+                    spec.name,
+                    {"metadata": {"labels": labels}, "spec": {"taints": node_taints(spec)}},
+                )
             self.core.patch_node_status(spec.name, {"status": node_status(spec, now=now)})
             self._renew_lease(spec)
 

@@ -10,7 +10,6 @@ period, sends SIGKILL, and removes the pod object as the kubelet does.
 
 import contextlib
 import dataclasses
-import datetime
 import json
 import logging
 import os
@@ -27,50 +26,12 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cairn.devcluster import network
-from cairn.devcluster.agent import hosts, podspec, volumes
+from cairn.devcluster.agent import hosts, podspec, podstatus, volumes
 
 log = logging.getLogger("cairn.devcluster.agent")
 Obj = dict[str, Any]
 POLL_SECONDS = 0.2
 MAX_BACKOFF_SECONDS = 300.0
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclasses.dataclass(kw_only=True)
-class Container:
-    """A container's process and the status the kubelet would report for it."""
-
-    spec: Obj
-    init: bool
-    process: subprocess.Popen[bytes] | None = None
-    restart_count: int = 0
-    state: Obj = dataclasses.field(
-        default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}}
-    )
-    last_state: Obj = dataclasses.field(default_factory=dict)
-    next_start: float = 0.0
-    done: bool = False  # terminated and will not restart
-
-    @property
-    def name(self) -> str:
-        return str(self.spec["name"])
-
-    def status(self) -> Obj:
-        running = "running" in self.state
-        return {
-            "name": self.name,
-            "image": self.spec.get("image", ""),
-            "imageID": "",
-            "containerID": f"cairn://{self.process.pid}" if self.process else "",
-            "ready": running and not self.init,
-            "started": running,
-            "restartCount": self.restart_count,
-            "state": self.state,
-            "lastState": self.last_state,
-        }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,6 +45,8 @@ class Context:
     release_index: Callable[[int], None]
     hosts_changed: Callable[[], None]
     hosts_records: Callable[[], list[str]]
+    stopping: threading.Event
+    """Set at agent shutdown: workers start nothing more and leave their loops."""
 
 
 class PodWorker:
@@ -100,8 +63,11 @@ class PodWorker:
         self.ip = ""
         self.finished = False
         self.address: hosts.PodAddress | None = None
-        self._start_time = _now()
-        self._last_status: Obj | None = None
+        self._start_time = podstatus.now()
+        self._last_status: Obj | None = None  # as computed
+        self._last_sent: Obj | None = None  # as patched, with transition times
+        self._containers: list[podstatus.Container] = []
+        self._net_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"pod-{self.name}", daemon=True)
 
     # ------------------------------------------------------------- interface
@@ -120,10 +86,16 @@ class PodWorker:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def kill_all(self) -> None:
-        """Agent shutdown: stop every process of this pod now."""
-        for container in getattr(self, "_containers", []):
-            _signal(container, signal.SIGKILL)
+    def signal_all(self, sig: signal.Signals) -> None:
+        """Agent shutdown: signal every live process group of this pod."""
+        for container in self._containers:
+            _signal(container, sig)
+
+    def live_processes(self) -> bool:
+        return any(c.process and c.process.poll() is None for c in self._containers)
+
+    def release_network(self) -> None:
+        """Agent shutdown: remove the namespace, veth and /etc/netns entry."""
         self._teardown_network()
 
     def write_hosts(self, records: list[str]) -> None:
@@ -153,18 +125,18 @@ class PodWorker:
             self.finished = True
 
     def _lifecycle(self) -> None:
-        self._containers: list[Container] = []
         if not self._setup():
-            self._finish_deletion()
+            if not self.ctx.stopping.is_set():
+                self._finish_deletion()
             return
         spec = self.pod["spec"]
-        inits = [Container(spec=c, init=True) for c in spec.get("initContainers") or []]
-        mains = [Container(spec=c, init=False) for c in spec.get("containers") or []]
+        inits = [podstatus.Container(spec=c, init=True) for c in spec.get("initContainers") or []]
+        mains = [podstatus.Container(spec=c, init=False) for c in spec.get("containers") or []]
         self._containers = inits + mains
         policy = spec.get("restartPolicy", "Always")
         token_refresh = volumes.token_refresh_seconds(self.pod)
         next_refresh = time.monotonic() + token_refresh
-        while True:
+        while not self.ctx.stopping.is_set():
             if self.pod["metadata"].get("deletionTimestamp"):
                 self._terminate(grace=self._grace())
                 self._finish_deletion()
@@ -223,7 +195,7 @@ class PodWorker:
             ip=self.ip,
         )
         self.ctx.hosts_changed()
-        while True:
+        while not self.ctx.stopping.is_set():
             if self.pod["metadata"].get("deletionTimestamp"):
                 return False
             try:
@@ -236,12 +208,13 @@ class PodWorker:
                 self._report_waiting(str(reason), str(exc))
             self._wake.wait(2.0)
             self._wake.clear()
+        return False
 
     def _report_waiting(self, reason: str, message: str) -> None:
-        for container in self.pod["spec"].get("containers") or []:
-            del container  # every container waits for the same reason
-        status = self._status_body(
+        status = podstatus.status_body(
             phase="Pending",
+            pod_ip=self.ip,
+            start_time=self._start_time,
             containers=[
                 {
                     "name": c["name"],
@@ -259,37 +232,6 @@ class PodWorker:
         self._patch_status(status)
 
     # ------------------------------------------------------------- containers
-    def _secrets_and_config_maps(self) -> tuple[dict[tuple[str, str], dict[str, str]], ...]:
-        import base64
-
-        secrets: dict[tuple[str, str], dict[str, str]] = {}
-        config_maps: dict[tuple[str, str], dict[str, str]] = {}
-        for container in self._containers:
-            refs = [v.get("valueFrom", {}) for v in container.spec.get("env") or []]
-            refs += container.spec.get("envFrom") or []
-            for ref in refs:
-                for key, store in (("secretKeyRef", secrets), ("secretRef", secrets)):
-                    if key in ref and (self.namespace, ref[key]["name"]) not in store:
-                        with contextlib.suppress(ApiException):
-                            data = (
-                                self.ctx.core.read_namespaced_secret(
-                                    ref[key]["name"], self.namespace
-                                ).data
-                                or {}
-                            )
-                            store[(self.namespace, ref[key]["name"])] = {
-                                k: base64.b64decode(v).decode(errors="replace")
-                                for k, v in data.items()
-                            }
-                for key in ("configMapKeyRef", "configMapRef"):
-                    if key in ref and (self.namespace, ref[key]["name"]) not in config_maps:
-                        with contextlib.suppress(ApiException):
-                            cm = self.ctx.core.read_namespaced_config_map(
-                                ref[key]["name"], self.namespace
-                            )
-                            config_maps[(self.namespace, ref[key]["name"])] = dict(cm.data or {})
-        return secrets, config_maps
-
     def _base_env(self, hostname: str) -> dict[str, str]:
         venv_bin = str(pathlib.Path(sys.executable).parent)
         tmp = self.dir / "tmp"
@@ -303,9 +245,14 @@ class PodWorker:
             "TMPDIR": str(tmp),
         }
 
-    def _start(self, container: Container) -> None:
-        assert self.address is not None and self.netns_index is not None
-        secrets, config_maps = self._secrets_and_config_maps()
+    def _start(self, container: podstatus.Container) -> None:
+        if self.ctx.stopping.is_set() or self.address is None or self.netns_index is None:
+            return
+        secrets, config_maps = volumes.env_sources(
+            core=self.ctx.core,
+            namespace=self.namespace,
+            containers=[c.spec for c in self._containers],
+        )
         try:
             plan = podspec.plan_container(
                 pod=self.pod,
@@ -351,7 +298,7 @@ class PodWorker:
                 start_new_session=True,
                 cwd=self.dir,
             )
-        container.state = {"running": {"startedAt": _now()}}
+        container.state = {"running": {"startedAt": podstatus.now()}}
         log.info(
             "container started",
             extra={
@@ -361,7 +308,7 @@ class PodWorker:
             },
         )
 
-    def _step(self, container: Container, *, policy: str) -> None:
+    def _step(self, container: podstatus.Container, *, policy: str) -> None:
         if container.done:
             return
         if container.process is None:
@@ -371,12 +318,12 @@ class PodWorker:
         code = container.process.poll()
         if code is None:
             return
-        exit_code = code if code >= 0 else 128 - code
+        exit_code = podstatus.exit_code(code)
         terminated = {
             "exitCode": exit_code,
             "reason": "Completed" if exit_code == 0 else "Error",
-            "startedAt": container.state.get("running", {}).get("startedAt", _now()),
-            "finishedAt": _now(),
+            "startedAt": container.state.get("running", {}).get("startedAt", podstatus.now()),
+            "finishedAt": podstatus.now(),
         }
         if code < 0:
             terminated["signal"] = -code
@@ -402,70 +349,25 @@ class PodWorker:
             container.done = True
 
     # ------------------------------------------------------------- status
-    def _phase(self) -> str:
-        mains = [c for c in self._containers if not c.init]
-        if mains and all(c.done for c in mains):
-            failed = any(
-                c.state.get("terminated", {}).get("exitCode", 1) != 0 or "waiting" in c.state
-                for c in mains
-            )
-            return "Failed" if failed else "Succeeded"
-        if any(c.process is not None or "running" in c.state for c in mains) or any(
-            c.restart_count for c in mains
-        ):
-            return "Running"
-        return "Pending"
-
-    def _status_body(self, *, phase: str, containers: list[Obj], inits: list[Obj]) -> Obj:
-        ready = phase == "Running" and all(c.get("ready") for c in containers)
-        initialized = all(
-            "terminated" in c.get("state", {}) and c["state"]["terminated"]["exitCode"] == 0
-            for c in inits
-        )
-
-        def cond(kind: str, ok: bool) -> Obj:
-            return {"type": kind, "status": "True" if ok else "False"}
-
-        status: Obj = {
-            "phase": phase,
-            "hostIP": "127.0.0.1",
-            "hostIPs": [{"ip": "127.0.0.1"}],
-            "startTime": self._start_time,
-            "conditions": [
-                cond("PodReadyToStartContainers", bool(self.ip)),
-                cond("Initialized", initialized),
-                cond("ContainersReady", ready),
-                cond("Ready", ready),
-                cond("PodScheduled", True),
-            ],
-            "containerStatuses": containers,
-        }
-        if inits:
-            status["initContainerStatuses"] = inits
-        if self.ip:
-            status["podIP"] = self.ip
-            status["podIPs"] = [{"ip": self.ip}]
-        return status
-
     def _report(self) -> None:
-        status = self._status_body(
-            phase=self._phase(),
+        status = podstatus.status_body(
+            phase=podstatus.phase(self._containers),
             containers=[c.status() for c in self._containers if not c.init],
             inits=[c.status() for c in self._containers if c.init],
+            pod_ip=self.ip,
+            start_time=self._start_time,
         )
         self._patch_status(status)
 
     def _patch_status(self, status: Obj) -> None:
         if status == self._last_status:
             return
-        previous = {c["type"]: c for c in (self._last_status or {}).get("conditions", [])}
-        for condition in status["conditions"]:
-            old = previous.get(condition["type"])
-            same = old is not None and old["status"] == condition["status"]
-            condition["lastTransitionTime"] = old["lastTransitionTime"] if same and old else _now()
+        sent = podstatus.with_transition_times(
+            status=status, previous=self._last_sent, at=podstatus.now()
+        )
         try:
-            self.ctx.core.patch_namespaced_pod_status(self.name, self.namespace, {"status": status})
-            self._last_status = status
+            self.ctx.core.patch_namespaced_pod_status(self.name, self.namespace, {"status": sent})
+            self._last_status, self._last_sent = status, sent
         except ApiException as exc:
             if exc.status != 404:
                 log.warning(
@@ -489,12 +391,12 @@ class PodWorker:
                     container.process.wait(5)
             if container.process is not None:
                 code = container.process.poll()
-                exit_code = 137 if code is None else (code if code >= 0 else 128 - code)
+                exit_code = 137 if code is None else podstatus.exit_code(code)
                 container.state = {
                     "terminated": {
                         "exitCode": exit_code,
                         "reason": "Error" if exit_code else "Completed",
-                        "finishedAt": _now(),
+                        "finishedAt": podstatus.now(),
                     }
                 }
                 container.process = None
@@ -515,7 +417,7 @@ class PodWorker:
         while not self.pod["metadata"].get("deletionTimestamp"):
             self._wake.wait(5.0)
             self._wake.clear()
-            if getattr(self, "_gone", False):
+            if getattr(self, "_gone", False) or self.ctx.stopping.is_set():
                 return
         self._finish_deletion()
 
@@ -524,20 +426,21 @@ class PodWorker:
         self._gone = True
         with self._lock:
             meta = self._pod["metadata"]
-            meta.setdefault("deletionTimestamp", _now())
+            meta.setdefault("deletionTimestamp", podstatus.now())
             meta["deletionGracePeriodSeconds"] = 0
         self._wake.set()
 
     def _teardown_network(self) -> None:
-        if self.netns_index is not None:
+        with self._net_lock:
             index, self.netns_index = self.netns_index, None
+        if index is not None:
             network.delete_pod_netns(index=index)
             self.ctx.release_index(index)
             self.address = None
             self.ctx.hosts_changed()
 
 
-def _signal(container: Container, sig: signal.Signals) -> None:
+def _signal(container: podstatus.Container, sig: signal.Signals) -> None:
     if container.process is not None and container.process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(container.process.pid, sig)

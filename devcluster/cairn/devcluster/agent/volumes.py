@@ -10,6 +10,7 @@ expire. The result maps volume name to directory; `podspec` mounts them.
 """
 
 import base64
+import contextlib
 import os
 import pathlib
 from collections.abc import Mapping
@@ -52,6 +53,37 @@ def _config_map_data(core: client.CoreV1Api, namespace: str, name: str) -> dict[
     data = {k: v.encode() for k, v in (cm.data or {}).items()}
     data.update({k: base64.b64decode(v) for k, v in (cm.binary_data or {}).items()})
     return data
+
+
+def env_sources(
+    *, core: client.CoreV1Api, namespace: str, containers: list[Obj]
+) -> tuple[dict[tuple[str, str], dict[str, str]], dict[tuple[str, str], dict[str, str]]]:
+    """Read the Secrets and ConfigMaps that containers' env and envFrom name.
+
+    A missing one is left out: `podspec` decides whether that is an error
+    (it is unless the reference is optional).
+    """
+    secrets: dict[tuple[str, str], dict[str, str]] = {}
+    config_maps: dict[tuple[str, str], dict[str, str]] = {}
+    for container in containers:
+        refs = [v.get("valueFrom", {}) for v in container.get("env") or []]
+        refs += container.get("envFrom") or []
+        for ref in refs:
+            for key in ("secretKeyRef", "secretRef"):
+                if key in ref and (namespace, ref[key]["name"]) not in secrets:
+                    with contextlib.suppress(client.ApiException):
+                        data = _secret_data(core, namespace, ref[key]["name"])
+                        secrets[(namespace, ref[key]["name"])] = {
+                            k: v.decode(errors="replace") for k, v in data.items()
+                        }
+            for key in ("configMapKeyRef", "configMapRef"):
+                if key in ref and (namespace, ref[key]["name"]) not in config_maps:
+                    with contextlib.suppress(client.ApiException):
+                        data = _config_map_data(core, namespace, ref[key]["name"])
+                        config_maps[(namespace, ref[key]["name"])] = {
+                            k: v.decode(errors="replace") for k, v in data.items()
+                        }
+    return secrets, config_maps
 
 
 def _downward(pod: Obj, items: list[Obj], *, pod_ip: str) -> dict[str, bytes]:

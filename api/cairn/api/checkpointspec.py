@@ -1,0 +1,253 @@
+"""The ``spec.checkpoint`` models: interval, volume, retention, upload, resume.
+
+Pure; part of the TrainingJob API (``cairn.api.trainingjob`` embeds
+``CheckpointSpec``). The writer in the pods sees these values through the pod
+environment (``cairn.api.podenv``); the operator applies ``retention.remote``
+and ``onDelete`` in S3.
+"""
+
+import re
+from typing import Literal, Self
+
+import pydantic
+
+from cairn.api import schema
+
+AsyncMode = Literal["pinned", "thread", "off"]
+OnDelete = Literal["Retain", "Delete"]
+
+
+class PersistentVolumeClaimSource(schema.SpecModel):
+    """A PVC shared by all ranks (ReadWriteMany for nodes > 1)."""
+
+    claim_name: str = pydantic.Field(min_length=1, max_length=253)
+    sub_path: str | None = pydantic.Field(default=None, max_length=256)
+
+
+class EmptyDirSource(schema.SpecModel):
+    """Node-local scratch; S3 upload is the durable tier."""
+
+    medium: Literal["", "Memory"] | None = None
+    size_limit: schema.Quantity | None = None
+
+
+class CheckpointVolume(schema.SpecModel):
+    """Where checkpoint folders live inside the pods: exactly one source."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=schema.cel(
+            (
+                "has(self.persistentVolumeClaim) != has(self.emptyDir)",
+                "set exactly one of persistentVolumeClaim or emptyDir",
+            ),
+        )
+    )
+
+    persistent_volume_claim: PersistentVolumeClaimSource | None = None
+    empty_dir: EmptyDirSource | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> Self:
+        if (self.persistent_volume_claim is None) == (self.empty_dir is None):
+            raise ValueError("set exactly one of persistentVolumeClaim or emptyDir")
+        return self
+
+
+def _default_volume() -> CheckpointVolume:
+    return CheckpointVolume(empty_dir=EmptyDirSource())
+
+
+class LocalRetention(schema.SpecModel):
+    """Rotation of committed steps on the checkpoint volume (done by the writer)."""
+
+    keep_last: int = pydantic.Field(
+        default=3,
+        le=1000,
+        description="Committed steps kept; >= 2 because the newest may still be writing.",
+        json_schema_extra=schema.cel(
+            ("self >= 2", "keepLast must be >= 2: the newest checkpoint may still be writing"),
+        ),
+    )
+    max_bytes: int | None = pydantic.Field(
+        default=None,
+        ge=1,
+        description="Byte budget for committed steps.",
+        json_schema_extra={"format": "int64"},
+    )
+
+    @pydantic.field_validator("keep_last")
+    @classmethod
+    def _keep_last(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError("keepLast must be >= 2: the newest checkpoint may still be writing")
+        return value
+
+
+class RemoteRetention(schema.SpecModel):
+    """Retention in S3 (applied by the operator); unset fields keep everything."""
+
+    keep_last: int | None = pydantic.Field(default=None, ge=1, le=100000)
+    keep_every: int | None = pydantic.Field(
+        default=None, ge=1, description="Keep every step that is a multiple of this (milestones)."
+    )
+
+
+class Retention(schema.SpecModel):
+    local: LocalRetention = pydantic.Field(
+        default_factory=LocalRetention, json_schema_extra=schema.object_default(LocalRetention)
+    )
+    remote: RemoteRetention | None = None
+
+
+class SecretRef(schema.SpecModel):
+    """A Secret in the job's namespace; its values reach pods via secretKeyRef only."""
+
+    name: str = pydantic.Field(min_length=1, max_length=253)
+    access_key_id_key: str = pydantic.Field(default="AWS_ACCESS_KEY_ID", max_length=253)
+    secret_access_key_key: str = pydantic.Field(default="AWS_SECRET_ACCESS_KEY", max_length=253)
+
+
+class UploadSpec(schema.SpecModel):
+    """The S3 durable tier: ``uri`` is this job's own prefix."""
+
+    uri: str = pydantic.Field(
+        min_length=1,
+        max_length=1024,
+        description="s3://bucket/prefix owned by this job.",
+        json_schema_extra=schema.cel(
+            (f"self.matches('{schema.S3_URI_PATTERN}')", "uri must look like s3://bucket/prefix"),
+        ),
+    )
+    endpoint: str | None = pydantic.Field(
+        default=None,
+        max_length=512,
+        description="S3 endpoint for MinIO, SeaweedFS and others.",
+        json_schema_extra=schema.cel(
+            (f"self.matches('{schema.ENDPOINT_PATTERN}')", "endpoint must be an http(s) URL"),
+        ),
+    )
+    region: str | None = pydantic.Field(default=None, max_length=64)
+    credentials_secret_ref: SecretRef | None = None
+    concurrency: int = pydantic.Field(default=8, ge=1, le=64)
+
+    @pydantic.field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        if re.fullmatch(schema.S3_URI_PATTERN[1:-1], value) is None:
+            raise ValueError("uri must look like s3://bucket/prefix")
+        return value
+
+    @pydantic.field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and re.fullmatch(schema.ENDPOINT_PATTERN[1:-1], value) is None:
+            raise ValueError("endpoint must be an http(s) URL")
+        return value
+
+
+RESUME_EXACTLY_ONE = "set exactly one of latest, none, step or uri"
+
+
+class Resume(schema.SpecModel):
+    """What the first attempt resumes from: exactly one form."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=schema.cel(
+            (
+                "[has(self.latest), has(self.none), has(self.step), has(self.uri)]"
+                ".filter(x, x).size() == 1",
+                RESUME_EXACTLY_ONE,
+            ),
+            ("!has(self.latest) || self.latest", "latest must be true when set", ".latest"),
+            ("!has(self.none) || self.none", "none must be true when set", ".none"),
+        )
+    )
+
+    latest: bool | None = pydantic.Field(
+        default=None, description="Newest committed step, local or remote."
+    )
+    none: bool | None = pydantic.Field(default=None, description="Start from scratch.")
+    step: int | None = pydantic.Field(default=None, ge=0, description="This committed step.")
+    uri: str | None = pydantic.Field(
+        default=None,
+        max_length=1024,
+        description="A committed step folder in S3.",
+        json_schema_extra=schema.cel(
+            (f"self.matches('{schema.S3_URI_PATTERN}')", "uri must look like s3://bucket/prefix"),
+        ),
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> Self:
+        forms = [self.latest, self.none, self.step, self.uri]
+        if sum(f is not None for f in forms) != 1:
+            raise ValueError(RESUME_EXACTLY_ONE)
+        if self.latest is False:
+            raise ValueError("latest must be true when set")
+        if self.none is False:
+            raise ValueError("none must be true when set")
+        if self.uri is not None and re.fullmatch(schema.S3_URI_PATTERN[1:-1], self.uri) is None:
+            raise ValueError("uri must look like s3://bucket/prefix")
+        return self
+
+
+def _default_resume() -> Resume:
+    return Resume(latest=True)
+
+
+class CheckpointSpec(schema.SpecModel):
+    """How the trainer checkpoints, where to, and what it resumes from."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=schema.cel(
+            (
+                "!has(self.retention) || !has(self.retention.remote) || has(self.upload)",
+                "retention.remote needs upload",
+                ".retention.remote",
+            ),
+            (
+                "!has(self.resume) || !has(self.resume.uri) || has(self.upload)",
+                "resume.uri needs upload (its endpoint and credentials are used)",
+                ".resume.uri",
+            ),
+        )
+    )
+
+    interval_steps: int | None = pydantic.Field(default=None, ge=1)
+    interval_seconds: int | None = pydantic.Field(default=None, ge=1)
+    mount_path: str = pydantic.Field(
+        default="/checkpoints", max_length=256, pattern=schema.ABS_PATH_PATTERN
+    )
+    volume: CheckpointVolume = pydantic.Field(
+        default_factory=_default_volume, json_schema_extra={"default": {"emptyDir": {}}}
+    )
+    async_mode: AsyncMode = "pinned"
+    retention: Retention = pydantic.Field(
+        default_factory=Retention, json_schema_extra=schema.object_default(Retention)
+    )
+    upload: UploadSpec | None = None
+    resume: Resume = pydantic.Field(
+        default_factory=_default_resume, json_schema_extra={"default": {"latest": True}}
+    )
+    on_delete: OnDelete = pydantic.Field(
+        default="Retain", description="What happens to the S3 prefix when the job is deleted."
+    )
+    final_checkpoint_grace_seconds: int = pydantic.Field(
+        default=300,
+        ge=30,
+        le=86400,
+        description="Pod terminationGracePeriodSeconds: time for the final checkpoint.",
+    )
+    stale_after_seconds: int | None = pydantic.Field(
+        default=None,
+        ge=1,
+        description="CheckpointStale after this long without a commit while running.",
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.retention.remote is not None and self.upload is None:
+            raise ValueError("retention.remote needs upload")
+        if self.resume.uri is not None and self.upload is None:
+            raise ValueError("resume.uri needs upload (its endpoint and credentials are used)")
+        return self
