@@ -197,14 +197,14 @@ def kill_rank(core: client.CoreV1Api, *, namespace: str, job: str, rank: int) ->
 def run_job(
     *,
     api_client: client.ApiClient,
-    target: cluster.Cluster,
     namespace: str,
-    name: str,
+    body: dict[str, Any],
     kill_rank_after_commit: int | None,
     on_row: Callable[[Row], None],
     timeout: float = JOB_TIMEOUT_SECONDS,
 ) -> dict[str, Any]:
-    """Apply the quickstart as `name`, follow it to the end, maybe kill a rank once."""
+    """Apply the TrainingJob `body`, follow it to the end, maybe kill a rank once."""
+    name = body["metadata"]["name"]
     custom = client.CustomObjectsApi(api_client)
     core = client.CoreV1Api(api_client)
     try:
@@ -216,9 +216,7 @@ def run_job(
     except ApiException as exc:
         if exc.status != 404:
             raise
-    custom.create_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, quickstart_manifest(target, name=name)
-    )
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     last: Row | None = None
     killed = False
     deadline = time.monotonic() + timeout
@@ -320,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             api_client=api_client,
             target=target,
             namespace=NAMESPACE,
-            name=args.name,
+            body=quickstart_manifest(target, name=args.name),
             kill_rank_after_commit=None if args.no_kill else 10,
             on_row=lambda row: say(row.line()),
         )
