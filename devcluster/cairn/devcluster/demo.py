@@ -316,7 +316,6 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         job = run_job(
             api_client=api_client,
-            target=target,
             namespace=NAMESPACE,
             body=quickstart_manifest(target, name=args.name),
             kill_rank_after_commit=None if args.no_kill else 10,

@@ -124,7 +124,7 @@ def test_owner_reference_garbage_collection(devcluster: Any, namespace: str) -> 
         try:
             core.read_namespaced_config_map("child", namespace)
         except ApiException as exc:
-            return exc.status == 404
+            return bool(exc.status == 404)
         return False
 
     _wait_for(child_gone, timeout=60, what="the garbage collector to delete the child")
@@ -201,7 +201,7 @@ def test_s3_multipart_upload_with_crc32c(devcluster: Any) -> None:
     part = 5 * 1024 * 1024
     payload = bytes(range(256)) * (part * 2 // 256 + 1000)
     upload = s3.create_multipart_upload(Bucket=bucket, Key="blob", ChecksumAlgorithm="CRC32C")
-    parts = []
+    parts: list[Any] = []
     for number, offset in enumerate(range(0, len(payload), part), start=1):
         got = s3.upload_part(
             Bucket=bucket,

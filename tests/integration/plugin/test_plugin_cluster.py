@@ -1,0 +1,292 @@
+"""``kubectl cairn`` against the devcluster's real API server.
+
+Covers: ``checkpoints`` (history merged with lastCommitted/lastUploaded and
+in-flight steps, as a table and as JSON); ``describe`` (phase, progress,
+checkpoints, last failure, pods, conditions); ``resume --from-step`` on a
+running job (two merge patches of only ``spec.suspend`` and
+``spec.checkpoint.resume`` accepted by the CRD's CEL transition rules, owned
+by the ``kubectl-cairn`` field manager; the other one-of forms cleared) and
+with ``--keep-suspended`` on a suspended job; refusing a finished job;
+``logs`` of the current attempt (all ranks prefixed, one ``--rank``, an
+older ``--attempt``) from real pods run by the node agent; a missing job;
+and kubectl's plugin discovery running ``kubectl cairn`` from ``PATH``.
+Test jobs carry ``spec.managedBy`` of another controller, so a Cairn
+operator running on the cluster leaves them alone; the tests write status
+themselves.
+"""
+
+import io
+import json
+import os
+import pathlib
+import stat
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from kubernetes.client.rest import ApiException
+
+from cairn.kubectl_plugin import cli
+from tests.conftest import DevclusterHandle
+from tests.integration.devcluster import kube_helpers
+
+from . import conftest
+
+pytestmark = pytest.mark.cluster
+
+STATUS: dict[str, Any] = {
+    "phase": "Running",
+    "observedGeneration": 1,
+    "attempt": 2,
+    "restarts": 1,
+    "restartsCountTowardsMax": 1,
+    "startTime": "2026-11-22T12:00:00Z",
+    "step": 57,
+    "lastFailure": {
+        "attempt": 1,
+        "time": "2026-11-22T12:05:00Z",
+        "reason": "RankFailed",
+        "message": "attempt 1: rank 1 exited with code 1",
+        "rank": 1,
+        "exitCode": 1,
+        "counted": True,
+    },
+    "checkpoints": {
+        "lastCommitted": {"step": 50, "time": "2026-11-22T12:20:00Z", "bytes": 3 * 1024 * 1024},
+        "lastUploaded": {
+            "step": 40,
+            "uri": "s3://cairn-test/job/step-000000040",
+            "time": "2026-11-22T12:19:00Z",
+            "bytes": 3 * 1024 * 1024,
+            "verified": True,
+        },
+        "inFlight": [{"step": 55, "stage": "writing", "since": "2026-11-22T12:21:00Z"}],
+        "history": [
+            {"step": 20, "state": "rotated", "time": "2026-11-22T12:10:00Z", "bytes": 3145728},
+            {"step": 30, "state": "verified", "time": "2026-11-22T12:15:00Z", "bytes": 3145728},
+            {"step": 40, "state": "uploaded", "time": "2026-11-22T12:19:00Z", "bytes": 3145728},
+            {"step": 45, "state": "corrupt", "time": "2026-11-22T12:19:30Z", "message": "bad sum"},
+        ],
+        "resumedFrom": {"step": 10, "attempt": 2, "source": "remote"},
+    },
+    "conditions": [
+        {
+            "type": "Ready",
+            "status": "True",
+            "observedGeneration": 1,
+            "lastTransitionTime": "2026-11-22T12:06:00Z",
+            "reason": "Running",
+            "message": "attempt 2: all 2 pod(s) running",
+        }
+    ],
+}
+
+
+def run(handle: DevclusterHandle, namespace: str, *args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = cli.main(["--kubeconfig", str(handle.kubeconfig), "-n", namespace, *args], out=out)
+    return code, out.getvalue()
+
+
+@pytest.fixture
+def running_job(devcluster: DevclusterHandle, namespace: str) -> str:
+    conftest.create_job(devcluster, namespace, "llm")
+    conftest.patch_status(devcluster, namespace, "llm", STATUS)
+    return "llm"
+
+
+def test_checkpoints_table(devcluster: DevclusterHandle, namespace: str, running_job: str) -> None:
+    code, out = run(devcluster, namespace, "checkpoints", running_job)
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split() == ["STEP", "STATE", "SIZE", "AGE", "LOCAL", "REMOTE", "VERIFIED"]
+    cells = {int(r.split()[0]): r.split() for r in rows}
+    assert list(cells) == [55, 50, 45, 40, 30, 20]
+    assert cells[55][1:2] + cells[55][4:] == ["writing", "writing", "-", "-"]
+    assert cells[50][1:3] + cells[50][4:] == ["committed", "3.0MiB", "yes", "-", "-"]
+    assert cells[45][1] == "corrupt" and cells[45][4] == "corrupt"
+    # lastUploaded says step 40 was verified; the history record is older news.
+    assert cells[40][1] == "uploaded" and cells[40][4:] == ["yes", "yes", "yes"]
+    assert cells[30][4:] == ["yes", "yes", "yes"]
+    assert cells[20][1] == "rotated" and cells[20][4:] == ["no", "-", "-"]
+
+
+def test_checkpoints_json(devcluster: DevclusterHandle, namespace: str, running_job: str) -> None:
+    code, out = run(devcluster, namespace, "checkpoints", running_job, "-o", "json")
+    assert code == 0
+    rows = json.loads(out)
+    assert rows[1] == {
+        "step": 50,
+        "state": "committed",
+        "bytes": 3145728,
+        "time": "2026-11-22T12:20:00+00:00",
+        "local": "yes",
+        "remote": "-",
+        "verified": False,
+    }
+
+
+def test_checkpoints_of_a_new_job(devcluster: DevclusterHandle, namespace: str) -> None:
+    conftest.create_job(devcluster, namespace, "fresh")
+    assert run(devcluster, namespace, "checkpoints", "fresh") == (
+        0,
+        "trainingjob fresh: no checkpoints yet\n",
+    )
+
+
+def test_describe(devcluster: DevclusterHandle, namespace: str, running_job: str) -> None:
+    code, out = run(devcluster, namespace, "describe", running_job)
+    assert code == 0
+    assert f"Name:          {namespace}/llm" in out
+    assert "Phase:         Running" in out
+    assert "Attempt:       2   restarts 1 (1 counted)" in out
+    assert "Committed:     step 50, 3.0MiB" in out
+    assert "Uploaded:      step 40 to s3://cairn-test/job/step-000000040 (verified)" in out
+    assert "Resumed from:  step 10 (remote)" in out
+    assert "In flight:     step 55 writing" in out
+    assert "Last failure:  attempt 1: RankFailed: attempt 1: rank 1 exited with code 1" in out
+    assert "Ready   True" in out
+
+
+def test_resume_running_job(devcluster: DevclusterHandle, namespace: str, running_job: str) -> None:
+    code, out = run(devcluster, namespace, "resume", running_job, "--from-step", "30")
+    assert (code, out) == (
+        0,
+        f"trainingjob.cairn.dev/{running_job} patched: resume from step 30, resuming"
+        " (field manager kubectl-cairn)\n",
+    )
+    job = conftest.custom(devcluster).get_namespaced_custom_object(
+        "cairn.dev", "v1alpha1", namespace, "trainingjobs", running_job
+    )
+    assert job["spec"]["checkpoint"]["resume"] == {"step": 30}
+    assert job["spec"]["suspend"] is False
+    assert job["metadata"]["generation"] == 3  # suspend+edit, then unsuspend
+    ours = [m for m in job["metadata"]["managedFields"] if m["manager"] == "kubectl-cairn"]
+    assert len(ours) == 1
+    owned = ours[0]["fieldsV1"]["f:spec"]
+    assert set(owned) == {"f:suspend", "f:checkpoint"}
+    assert set(owned["f:checkpoint"]) == {"f:resume"}
+
+
+def test_resume_edit_without_suspend_is_what_the_crd_rejects(
+    devcluster: DevclusterHandle, namespace: str, running_job: str
+) -> None:
+    # Why the plugin suspends in the same patch: checkpoint is run-defining.
+    with pytest.raises(ApiException, match="suspend"):
+        conftest.custom(devcluster).patch_namespaced_custom_object(
+            "cairn.dev",
+            "v1alpha1",
+            namespace,
+            "trainingjobs",
+            running_job,
+            {"spec": {"checkpoint": {"resume": {"step": 30, "latest": None}}}},
+            _content_type="application/merge-patch+json",
+        )
+
+
+def test_resume_keep_suspended(devcluster: DevclusterHandle, namespace: str) -> None:
+    conftest.create_job(devcluster, namespace, "parked", suspend=True)
+    conftest.patch_status(devcluster, namespace, "parked", {"phase": "Suspended"})
+    code, out = run(
+        devcluster, namespace, "resume", "parked", "--from-step", "7", "--keep-suspended"
+    )
+    assert code == 0 and "left suspended" in out
+    job = conftest.custom(devcluster).get_namespaced_custom_object(
+        "cairn.dev", "v1alpha1", namespace, "trainingjobs", "parked"
+    )
+    assert job["spec"]["suspend"] is True
+    assert job["spec"]["checkpoint"]["resume"] == {"step": 7}
+
+
+def test_resume_refuses_a_finished_job(devcluster: DevclusterHandle, namespace: str) -> None:
+    conftest.create_job(devcluster, namespace, "done")
+    conftest.patch_status(devcluster, namespace, "done", {"phase": "Succeeded"})
+    code, out = run(devcluster, namespace, "resume", "done", "--from-step", "7")
+    assert code == 1 and "does not start again" in out
+
+
+def test_missing_job(
+    devcluster: DevclusterHandle, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(devcluster, namespace, "describe", "nope") == (1, "")
+    assert f'trainingjob "nope" not found in namespace "{namespace}"' in capsys.readouterr().err
+
+
+def _rank_pod(job: str, attempt: int, rank: int) -> dict[str, Any]:
+    pod = kube_helpers.python_pod(
+        f"{job}-a{attempt}-n{rank}",
+        f"print('attempt {attempt} rank {rank} line 1'); print('attempt {attempt} rank {rank} line 2')",
+        container={"name": "trainer"},
+    )
+    pod["metadata"]["labels"] = {
+        "cairn.dev/job-name": job,
+        "cairn.dev/attempt": str(attempt),
+        "cairn.dev/rank": str(rank),
+    }
+    return pod
+
+
+@pytest.fixture
+def finished_pods(devcluster: DevclusterHandle, namespace: str, running_job: str) -> str:
+    names = []
+    for attempt, rank in ((1, 0), (2, 0), (2, 1)):
+        pod = _rank_pod(running_job, attempt, rank)
+        devcluster.core.create_namespaced_pod(namespace, pod)
+        names.append(pod["metadata"]["name"])
+    for name in names:
+
+        def succeeded(pod_name: str = name) -> bool:
+            return kube_helpers.pod_phase(devcluster.core, pod_name, namespace) == "Succeeded"
+
+        kube_helpers.wait_for(succeeded, timeout=60, what=f"pod {name} to succeed")
+    return running_job
+
+
+def test_logs_of_current_attempt(
+    devcluster: DevclusterHandle, namespace: str, finished_pods: str
+) -> None:
+    code, out = run(devcluster, namespace, "logs", finished_pods)
+    assert code == 0
+    assert out.splitlines() == [
+        "[rank 0] attempt 2 rank 0 line 1",
+        "[rank 0] attempt 2 rank 0 line 2",
+        "[rank 1] attempt 2 rank 1 line 1",
+        "[rank 1] attempt 2 rank 1 line 2",
+    ]
+    assert run(devcluster, namespace, "logs", finished_pods, "--rank", "1", "--tail", "1") == (
+        0,
+        "attempt 2 rank 1 line 2\n",
+    )
+    assert run(devcluster, namespace, "logs", finished_pods, "--attempt", "1") == (
+        0,
+        "attempt 1 rank 0 line 1\nattempt 1 rank 0 line 2\n",
+    )
+    _, described = run(devcluster, namespace, "describe", finished_pods)
+    assert "llm-a2-n1   2         1      Succeeded" in described
+
+
+def test_kubectl_finds_the_plugin_on_path(
+    devcluster: DevclusterHandle, namespace: str, running_job: str, tmp_path: pathlib.Path
+) -> None:
+    # What the console script `kubectl-cairn` will be once pyproject declares it.
+    shim = tmp_path / "kubectl-cairn"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m cairn.kubectl_plugin "$@"\n')
+    shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "PYTHONPATH": str(conftest.PLUGIN_ROOT),
+        "KUBECONFIG": str(devcluster.kubeconfig),
+    }
+    result = subprocess.run(
+        [str(conftest.KUBECTL), "cairn", "-n", namespace, "checkpoints", running_job],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].split()[:2] == ["STEP", "STATE"]
+    assert len(result.stdout.splitlines()) == 7
