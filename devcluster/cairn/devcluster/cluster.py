@@ -257,9 +257,10 @@ def _up(cluster: Cluster) -> UpReport:
     alive = running_components(cluster)
     if all(alive.values()) and _nodes_ready(cluster):
         return UpReport(build_seconds={}, ready_seconds=0.0, already_running=True)
-    if any(alive.values()):
-        # Half up (a crash, or ^C during up): start over from a clean slate of processes.
-        _down(cluster)
+    # Half up (a crash, ^C during up) or left over from before a reboot (pidfiles
+    # of dead processes, network namespaces): start from a clean slate. A stale
+    # pidfile would otherwise read as "component exited" while waiting.
+    _down(cluster)
     _check_not_stale(cluster)
     for directory in (state.root, state.logs, state.pids, state.tmp):
         directory.mkdir(parents=True, exist_ok=True)

@@ -20,9 +20,26 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def wait_for_default_service_account(core: client.CoreV1Api, namespace: str) -> None:
+    """The ServiceAccount admission plugin rejects pods in a new namespace until
+    the controller-manager has created its `default` ServiceAccount."""
+
+    def exists() -> bool:
+        try:
+            core.read_namespaced_service_account("default", namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    wait_for(exists, timeout=30, what=f"ServiceAccount {namespace}/default")
+
+
 def temp_namespace(core: client.CoreV1Api, prefix: str = "t") -> Iterator[str]:
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    wait_for_default_service_account(core, name)
     try:
         yield name
     finally:
