@@ -11,8 +11,8 @@ kind, in the same processes and on the same model:
 
 it measures the training-blocking seconds of a save (call until training
 may mutate the weights again) and the mean training-step time while the
-write runs in the background, as a ratio to the step time with no save in
-flight (1.0 = free). Each kind saves three times; the first save of each kind
+write runs in the background, as a ratio to the mean of the steps just
+before that save (1.0 = free). Each kind saves three times; the first save of each kind
 is a warm-up (buffer allocation, daemon start) and is reported separately.
 
 Usage: PYTHONPATH=api:operator:trainer_image:devcluster python bench/writer_kind.py
@@ -98,7 +98,6 @@ def rank_main(cfg: dict[str, typing.Any]) -> None:
     work = pathlib.Path(cfg["workdir"])
     trainer = Trainer(cfg)
     trainer.step()
-    idle = [trainer.step() for _ in range(cfg["idle_steps"])]
     # Saves never share the training group (FIELD-NOTES: a deadlock otherwise).
     group = dist.new_group(backend="gloo")
     assert isinstance(group, dist.ProcessGroup)
@@ -108,7 +107,6 @@ def rank_main(cfg: dict[str, typing.Any]) -> None:
     results: dict[str, typing.Any] = {
         "rank": rank,
         "params": trainer.params,
-        "idle_step_s": statistics.median(idle),
     }
     for kind in cfg["kinds"]:
         saves: list[dict[str, typing.Any]] = []
@@ -119,6 +117,7 @@ def rank_main(cfg: dict[str, typing.Any]) -> None:
             seen: list[events.ProgressEvent] = []
             with manager.CheckpointManager(opts, callbacks=[seen.append]) as ckpt:
                 for n in range(cfg["saves"]):
+                    idle = [trainer.step() for _ in range(cfg["idle_steps"])]
                     dist.barrier()
                     t0 = time.monotonic()
                     ckpt.save(n + 1, objects, force=True)
@@ -134,7 +133,12 @@ def rank_main(cfg: dict[str, typing.Any]) -> None:
                     t1 = time.monotonic()
                     ckpt.wait_until_finished()
                     saves.append(
-                        {"block_s": block, "busy_steps": busy, "tail_s": time.monotonic() - t1}
+                        {
+                            "block_s": block,
+                            "idle_steps": idle,
+                            "busy_steps": busy,
+                            "tail_s": time.monotonic() - t1,
+                        }
                     )
         else:
             checkpointer = (
@@ -143,6 +147,7 @@ def rank_main(cfg: dict[str, typing.Any]) -> None:
                 else state_dict_saver.AsyncCheckpointerType.THREAD
             )
             for n in range(cfg["saves"]):
+                idle = [trainer.step() for _ in range(cfg["idle_steps"])]
                 dist.barrier()
                 t0 = time.monotonic()
                 snapshot = {"model_optim": objects["model_optim"].state_dict()}
@@ -160,7 +165,12 @@ def rank_main(cfg: dict[str, typing.Any]) -> None:
                 t1 = time.monotonic()
                 future.result()
                 saves.append(
-                    {"block_s": block, "busy_steps": busy, "tail_s": time.monotonic() - t1}
+                    {
+                        "block_s": block,
+                        "idle_steps": idle,
+                        "busy_steps": busy,
+                        "tail_s": time.monotonic() - t1,
+                    }
                 )
                 del snapshot
         results[kind] = saves
@@ -172,28 +182,32 @@ def rank_main(cfg: dict[str, typing.Any]) -> None:
 
 
 def report(results: list[dict[str, typing.Any]], kinds: list[str]) -> None:
-    idle = max(r["idle_step_s"] for r in results)
     print(f"model: {results[0]['params'] / 1e6:.0f}M params + AdamW, {RANKS} ranks (gloo, CPU)")
-    print(f"training step with no save in flight: {idle:.3f} s (median, slowest rank)")
+    print("busy/idle: mean step time while the save is written / mean of the steps just before")
     print()
-    print(f"{'writer':<14}{'first block s':>14}{'block s':>10}{'busy step / idle':>18}{'steps':>7}")
+    header = f"{'writer':<14}{'first block s':>14}{'block s':>10}{'busy/idle':>11}"
+    print(f"{header}{'idle step s':>13}{'busy steps':>12}")
     for kind in kinds:
         per_save = list(zip(*(r[kind] for r in results), strict=True))
         blocks = [max(s["block_s"] for s in saves) for saves in per_save]
         steady = per_save[1:] or per_save
+        idle = [t for saves in steady for s in saves for t in s["idle_steps"]]
         busy = [t for saves in steady for s in saves for t in s["busy_steps"]]
-        ratio = statistics.mean(busy) / idle if busy else float("nan")
+        ratio = statistics.mean(busy) / statistics.mean(idle)
         steady_block = statistics.mean(blocks[1:] or blocks)
-        print(f"{kind:<14}{blocks[0]:>14.3f}{steady_block:>10.3f}{ratio:>18.2f}{len(busy):>7}")
+        print(
+            f"{kind:<14}{blocks[0]:>14.3f}{steady_block:>10.3f}{ratio:>11.2f}"
+            f"{statistics.mean(idle):>13.3f}{len(busy):>12}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--dim", type=int, default=2048)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--saves", type=int, default=3)
-    parser.add_argument("--idle-steps", type=int, default=5)
+    parser.add_argument("--idle-steps", type=int, default=4)
     parser.add_argument("--max-steps", type=int, default=200)
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--workdir", type=pathlib.Path, default=None)
