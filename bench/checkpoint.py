@@ -25,15 +25,13 @@ import json
 import os
 import pathlib
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 import typing
 
 import boto3
 import botocore.config
+import ranks  # bench/ranks.py, next to this script
 import torch
 import torch.distributed as dist
 from torch.distributed import fsdp
@@ -44,13 +42,6 @@ from cairn.checkpoint import events, layout, manager, options, state
 from cairn.devcluster import standalone_s3
 
 RANKS = 2
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def rank_main(cfg: dict[str, typing.Any]) -> None:
@@ -216,7 +207,7 @@ def main() -> None:
 
     work = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="cairn-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    server = standalone_s3.start(root=work / "s3", s3_port=free_port() // 2 + 10000)
+    server = standalone_s3.start(root=work / "s3", s3_port=ranks.free_port() // 2 + 10000)
     try:
         bucket = server.new_bucket("bench")
         cfg = {
@@ -233,29 +224,13 @@ def main() -> None:
                 "concurrency": args.s3_concurrency,
             },
         }
-        cfg_path = work / "config.json"
-        cfg_path.write_text(json.dumps(cfg))
-        port = free_port()
-        procs = [
-            subprocess.Popen(
-                [sys.executable, __file__, "--rank-config", str(cfg_path)],
-                env={
-                    **os.environ,
-                    "RANK": str(r),
-                    "WORLD_SIZE": str(RANKS),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port),
-                    "TMPDIR": str(work),
-                    "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
-                    "OMP_NUM_THREADS": "1",
-                },
-            )
-            for r in range(RANKS)
-        ]
-        for proc in procs:
-            if proc.wait(timeout=1800) != 0:
-                raise SystemExit(f"a rank failed with exit code {proc.returncode}")
-        results = [json.loads((work / f"result-{r}.json").read_text()) for r in range(RANKS)]
+        results = ranks.run_ranks(
+            __file__,
+            cfg,
+            work=work,
+            ranks=RANKS,
+            extra_env={"TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")},
+        )
         upload_file, raw_rates = upload_baselines(cfg, results[0]["step2_files"])
         report(results, upload_file, raw_rates)
     finally:

@@ -24,17 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import typing
 
+import ranks  # bench/ranks.py, next to this script
 import torch
 import torch.distributed as dist
 from torch.distributed import fsdp
@@ -45,13 +42,6 @@ from cairn.checkpoint import events, manager, options, state
 
 RANKS = 2
 KINDS = ("ours", "dcp-thread", "dcp-process")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Trainer:
@@ -230,28 +220,7 @@ def main() -> None:
             "max_steps": args.max_steps,
             "kinds": kinds,
         }
-        cfg_path = work / "config.json"
-        cfg_path.write_text(json.dumps(cfg))
-        port = free_port()
-        procs = [
-            subprocess.Popen(
-                [sys.executable, __file__, "--rank-config", str(cfg_path)],
-                env={
-                    **os.environ,
-                    "RANK": str(r),
-                    "WORLD_SIZE": str(RANKS),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port),
-                    "TMPDIR": str(work),
-                    "OMP_NUM_THREADS": "1",
-                },
-            )
-            for r in range(RANKS)
-        ]
-        for proc in procs:
-            if proc.wait(timeout=1800) != 0:
-                raise SystemExit(f"a rank failed with exit code {proc.returncode}")
-        report([json.loads((work / f"result-{r}.json").read_text()) for r in range(RANKS)], kinds)
+        report(ranks.run_ranks(__file__, cfg, work=work, ranks=RANKS), kinds)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
