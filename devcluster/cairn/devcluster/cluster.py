@@ -270,6 +270,8 @@ def _up(cluster: Cluster) -> UpReport:
     deadline = started + READY_TIMEOUT_SECONDS
     pki.ensure(state.pki)
     _write_kubeconfigs(cluster)
+    # Claimed before anything host-wide exists, so a failed `up` still cleans it.
+    state.host_claim.touch()
     network.ensure_bridge()
     state.info_file.write_text(
         json.dumps(
@@ -344,9 +346,14 @@ def _down(cluster: Cluster, *, purge: bool = False) -> None:
         processes.stop_pidfile(
             cluster.state.pidfile(name), grace_seconds=STOP_GRACE_SECONDS.get(name, 10.0)
         )
-    network.remove_all(state_dir=cluster.state.root)
-    for sock in s3.stray_sockets(cluster.s3_ports):
-        sock.unlink(missing_ok=True)
+    # The bridge, namespaces and /tmp sockets are host-wide: a `down` (or the
+    # clean-slate step of `up`) for a state dir that never started them, e.g.
+    # a mistyped or test state dir, must leave a running devcluster's alone.
+    if cluster.state.host_claim.exists():
+        network.remove_all()
+        for sock in s3.stray_sockets(cluster.s3_ports):
+            sock.unlink(missing_ok=True)
+        cluster.state.host_claim.unlink()
     cluster.state.env_file.unlink(missing_ok=True)
     if purge and cluster.state.root.exists():
         _purge(cluster.state.root)

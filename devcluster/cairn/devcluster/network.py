@@ -8,9 +8,9 @@ through `/etc/netns/<ns>/hosts`, which `ip netns exec` bind-mounts over
 `/etc/hosts`; it is rewritten in place so the bind mount sees each update.
 Nothing is routed or masqueraded beyond the bridge.
 
-Every namespace and veth the devcluster creates carries the `cairn-` prefix
-and is recorded under the state directory, so `remove_all` removes exactly
-what it made.
+Every namespace and veth the devcluster creates carries the `cairn-` prefix,
+so `remove_all` removes exactly what it made. These are host-wide: the
+cluster calls `remove_all` only for the state dir that claimed them.
 """
 
 import ipaddress
@@ -79,6 +79,10 @@ def create_pod_netns(*, index: int, hostname: str) -> tuple[str, str]:
     address = pod_address(index)
     host_veth, pod_veth = f"cv{index}h", f"cv{index}p"
     delete_pod_netns(index=index)
+    if not _link_exists(BRIDGE):
+        # Deleted under a running cluster (by hand, or an old devcluster's
+        # `down`): recreate it rather than fail every pod from now on.
+        ensure_bridge()
     _ip("netns", "add", ns)
     _ip("link", "add", host_veth, "type", "veth", "peer", "name", pod_veth)
     _ip("link", "set", pod_veth, "netns", ns)
@@ -120,9 +124,8 @@ def write_in_place(path: pathlib.Path, text: str) -> None:
         handle.write(text)
 
 
-def remove_all(*, state_dir: pathlib.Path) -> None:
+def remove_all() -> None:
     """Remove every cairn- namespace, its veth and /etc/netns entry, and the bridge."""
-    del state_dir  # namespaces are host-global; the prefix marks ours
     listing = _ip("netns", "list", check=False).stdout.split("\n")
     for line in listing:
         name = line.split(" ", 1)[0]

@@ -71,6 +71,12 @@ class StatePaths:
     def info_file(self) -> pathlib.Path:
         return self.root / "cluster.json"
 
+    @property
+    def host_claim(self) -> pathlib.Path:
+        """Present while this state dir owns the host-wide parts (bridge, pod
+        namespaces, SeaweedFS's /tmp sockets): only its owner may remove them."""
+        return self.root / "host-claim"
+
     def kubeconfig(self, component: str) -> pathlib.Path:
         return self.root / f"{component}.kubeconfig"
 

@@ -7,9 +7,13 @@ Covers, against the real kube-apiserver / controller-manager / etcd:
 - RBAC with a ServiceAccount token from the TokenRequest API: a verb the
   Role grants is allowed, one it lacks gets 403;
 - the S3 server round-trips a multipart upload with a CRC32C checksum;
-- `up` on a running cluster is a no-op.
+- `up` on a running cluster is a no-op, and a failed `up`/`down` for another
+  state dir leaves the running cluster's host-wide bridge and S3 sockets alone.
 """
 
+import dataclasses
+import json
+import pathlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +24,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from cairn.devcluster import cluster
+from cairn.devcluster import cluster, errors, network, paths, s3
 
 pytestmark = pytest.mark.cluster
 
@@ -44,6 +48,22 @@ def _wait_for(predicate: Any, *, timeout: float, what: str) -> None:
 
 def test_up_on_running_cluster_is_noop(devcluster: Any) -> None:
     devcluster.require_devcluster()
+    assert cluster.up(devcluster.target).already_running
+
+
+def test_other_state_dir_never_touches_the_running_cluster(
+    devcluster: Any, tmp_path: pathlib.Path
+) -> None:
+    devcluster.require_devcluster()
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "cluster.json").write_text(json.dumps({"kubernetes": "v1.20.0"}))
+    other = dataclasses.replace(devcluster.target, state=paths.StatePaths(root=state))
+    with pytest.raises(errors.DevclusterError, match="down --purge"):
+        cluster.up(other)
+    cluster.down(other)
+    assert network._link_exists(network.BRIDGE)
+    assert all(sock.exists() for sock in s3.stray_sockets(devcluster.target.s3_ports))
     assert cluster.up(devcluster.target).already_running
 
 
