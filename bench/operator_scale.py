@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import pathlib
-import re
 import statistics
 import threading
 import time
@@ -37,20 +36,12 @@ from cairn.api import trainingjob
 from cairn.devcluster import cluster, demo, processes
 
 GROUP, VERSION, PLURAL = trainingjob.GROUP, trainingjob.VERSION, trainingjob.PLURAL
-REQUESTS = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>[0-9.e+]+)$")
 
 
 def request_total(api: client.ApiClient) -> float:
     """Sum of apiserver_request_total over every label set (admin GET /metrics)."""
-    body, _status, _headers = api.call_api(
-        "/metrics", "GET", response_type="str", auth_settings=["BearerToken"], _preload_content=True
-    )
-    total = 0.0
-    for line in str(body).splitlines():
-        match = REQUESTS.match(line)
-        if match:
-            total += float(match["value"])
-    return total
+    samples = demo.apiserver_request_totals(api)
+    return sum(v for k, v in samples.items() if k.startswith("apiserver_request_total{"))
 
 
 def job_body(name: str, nodes: int) -> dict[str, Any]:
@@ -62,7 +53,7 @@ def job_body(name: str, nodes: int) -> dict[str, Any]:
             "nodes": nodes,
             "image": "cairn-trainer:dev",
             "command": ["python", "-c", "import time; time.sleep(3600)"],
-            "nodeSelector": {"cairn.dev/bench": "no-such-node"},
+            "template": {"nodeSelector": {"cairn.dev/bench": "no-such-node"}},
             "checkpoint": {"intervalSteps": 100},
         },
     }
@@ -130,10 +121,10 @@ def main() -> None:
     before = request_total(api)
 
     def create(name: str) -> None:
+        created_at[name] = time.monotonic()
         custom.create_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, job_body(name, args.nodes)
         )
-        created_at[name] = time.monotonic()
 
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(16) as pool:

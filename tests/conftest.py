@@ -6,6 +6,11 @@
   agent and S3. It is brought up if not running and left as found: a cluster
   that was already up stays up, one this session started is stopped at the
   end (set CAIRN_KEEP_DEVCLUSTER=1 to keep it for the next run).
+- `operator` (per test, backed by `operator_process` per session): the CRD
+  installed and THE operator of the devcluster running as its pidfile-tracked
+  local process. There is one operator per devcluster, shared with other test
+  sessions: it is started when not running (also again mid-session, if someone
+  stopped it) and stopped at the end only if this session started it.
 """
 
 import os
@@ -71,3 +76,36 @@ def devcluster() -> Iterator[DevclusterHandle]:
         handle.api_client.close()
         if not report.already_running and not os.environ.get("CAIRN_KEEP_DEVCLUSTER"):
             devcluster_cluster.down(target)
+
+
+class OperatorProcess:
+    """The devcluster's one operator process, as this test session uses it."""
+
+    def __init__(self, target: devcluster_cluster.Cluster) -> None:
+        self.target = target
+        self.started_here = False
+
+    def ensure_running(self) -> None:
+        from cairn.devcluster import demo
+
+        if not demo.operator_running(self.target):
+            demo.start_operator(self.target)
+            self.started_here = True
+
+
+@pytest.fixture(scope="session")
+def operator_process(devcluster: DevclusterHandle) -> Iterator[OperatorProcess]:
+    from cairn.devcluster import demo
+
+    demo.install_crd(devcluster.api_client)
+    handle = OperatorProcess(devcluster.target)
+    handle.ensure_running()
+    yield handle
+    if handle.started_here:
+        demo.stop_operator(devcluster.target)
+
+
+@pytest.fixture
+def operator(operator_process: OperatorProcess) -> OperatorProcess:
+    operator_process.ensure_running()
+    return operator_process

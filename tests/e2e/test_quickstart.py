@@ -12,7 +12,6 @@ files' sizes and CRC32C checksums verify; node-local folders keep at most
 
 import pathlib
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -29,16 +28,6 @@ FINAL_STEP = 40
 KEEP_LAST = 2
 
 
-@pytest.fixture
-def operator(devcluster: Any) -> Iterator[None]:
-    demo.install_crd(devcluster.api_client)
-    started = not demo.operator_running(devcluster.target)
-    demo.start_operator(devcluster.target)
-    yield
-    if started:
-        demo.stop_operator(devcluster.target)
-
-
 def _s3(devcluster: Any) -> Any:
     creds = devcluster.s3_credentials
     return boto3.client(
@@ -50,7 +39,7 @@ def _s3(devcluster: Any) -> Any:
     )
 
 
-def test_quickstart_survives_a_killed_rank(devcluster: Any, operator: None) -> None:
+def test_quickstart_survives_a_killed_rank(devcluster: Any, operator: Any) -> None:
     namespace = f"e2e-{uuid.uuid4().hex[:8]}"
     bucket = f"e2e-{uuid.uuid4().hex[:10]}"
     target = devcluster.target

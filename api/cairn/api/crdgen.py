@@ -50,8 +50,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     },
     {
         "name": "Verified",
-        "type": "boolean",
-        "jsonPath": ".status.checkpoints.lastUploaded.verified",
+        "type": "integer",
+        "jsonPath": ".status.storage.verifiedStep",
         "priority": 1,
     },
     {

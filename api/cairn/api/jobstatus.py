@@ -2,9 +2,10 @@
 
 Pure. ``TrainingJobStatus`` is the shape of ``/status``; the CRD's status
 schema is generated from it (``cairn.api.crdgen``). Ownership: the operator
-writes phase, attempt, restarts, times, lastFailure and conditions; the writer
-on rank 0 writes ``step`` and ``checkpoints`` with its own field manager, and
-neither side writes the other's fields. Models ignore unknown fields, so an
+writes phase, attempt, restarts, times, lastFailure, conditions and
+``storage`` (what it verified and deleted in S3); the writer on rank 0 writes
+``step`` and ``checkpoints`` with its own field manager, and neither side
+writes the other's fields. Models ignore unknown fields, so an
 older operator tolerates a newer writer.
 """
 
@@ -129,8 +130,40 @@ class LastFailure(_StatusModel):
     counted: bool = True
 
 
+REMOTE_STEPS_LIMIT = 256
+
+
+class StorageStatus(_StatusModel):
+    """What the operator learned from the job's S3 prefix (operator-owned).
+
+    The writer's ``checkpoints.lastUploaded.verified`` stays false: the writer
+    cannot verify its own upload; the operator reads the objects back.
+    """
+
+    verified_step: int | None = pydantic.Field(
+        default=None, ge=0, description="Newest step whose objects match its manifest."
+    )
+    verified_time: datetime.datetime | None = None
+    verified_by: Literal["crc32c", "size"] | None = pydantic.Field(
+        default=None,
+        description="crc32c: the store's full-object CRC32C matched; size: sizes only.",
+    )
+    remote_steps: list[int] | None = pydantic.Field(
+        default=None,
+        max_length=REMOTE_STEPS_LIMIT,
+        description="Committed steps in S3 after retention, oldest first (newest if capped).",
+    )
+    corrupt_steps: list[int] | None = pydantic.Field(
+        default=None,
+        max_length=REMOTE_STEPS_LIMIT,
+        description="Steps with a manifest whose objects do not match it.",
+    )
+    last_retention_time: datetime.datetime | None = None
+    last_error: str | None = pydantic.Field(default=None, max_length=1024)
+
+
 class TrainingJobStatus(_StatusModel):
-    """Observed state. Operator: phase, attempt, restarts, times, conditions.
+    """Observed state. Operator: phase, attempt, restarts, times, conditions, storage.
     Writer (rank 0): step, checkpoints."""
 
     phase: Phase | None = None
@@ -144,6 +177,7 @@ class TrainingJobStatus(_StatusModel):
     last_failure: LastFailure | None = None
     step: int | None = pydantic.Field(default=None, ge=0)
     checkpoints: CheckpointsStatus | None = None
+    storage: StorageStatus | None = None
     conditions: list[Condition] | None = pydantic.Field(
         default=None,
         max_length=32,

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
+import urllib3
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -34,6 +35,9 @@ NAMESPACE = "cairn-demo"
 GROUP, VERSION, PLURAL = "cairn.dev", "v1alpha1", "trainingjobs"
 OPERATOR = "operator"
 JOB_TIMEOUT_SECONDS = 900.0
+TRANSIENT_SECONDS = 120.0
+"""How long a call to the API server is retried while it does not answer."""
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,17 +175,58 @@ def quickstart_manifest(target: cluster.Cluster, *, name: str) -> dict[str, Any]
     return body
 
 
+def _transient(exc: Exception) -> bool:
+    """An API error worth retrying: no answer (server restarting), 429 or 5xx."""
+    if isinstance(exc, ApiException):
+        return exc.status in (None, 0, 429) or exc.status >= 500
+    return isinstance(exc, urllib3.exceptions.HTTPError | OSError)
+
+
+def retrying(call: Callable[[], T], *, seconds: float = TRANSIENT_SECONDS) -> T:
+    """`call()`, retried while the API server is briefly away (restarts, overload)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not _transient(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+def apiserver_request_totals(api_client: client.ApiClient) -> dict[str, float]:
+    """The API server's `apiserver_request_total` samples ({labels: count}), plus
+    `process_start_time_seconds` under that name (a restart resets the counters)."""
+    response = retrying(
+        lambda: api_client.call_api(
+            "/metrics",
+            "GET",
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+        )
+    )
+    samples: dict[str, float] = {}
+    for line in response.data.decode().splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith("apiserver_request_total{") or name == "process_start_time_seconds":
+            samples[name] = float(value)
+    return samples
+
+
 def get_job(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
-    job: dict[str, Any] = custom.get_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name
+    job: dict[str, Any] = retrying(
+        lambda: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     )
     return job
 
 
-def kill_rank(core: client.CoreV1Api, *, namespace: str, job: str, rank: int) -> int | None:
-    """SIGKILL the trainer process of `rank` in the job's current attempt; its PID."""
-    pods = core.list_namespaced_pod(
-        namespace, label_selector=f"cairn.dev/job-name={job},cairn.dev/rank={rank}"
+def rank_pid(core: client.CoreV1Api, *, namespace: str, job: str, rank: int) -> int | None:
+    """The PID of the running trainer process of `rank` (devcluster pods), or None."""
+    pods = retrying(
+        lambda: core.list_namespaced_pod(
+            namespace, label_selector=f"cairn.dev/job-name={job},cairn.dev/rank={rank}"
+        )
     ).items
     running = [p for p in pods if p.status.phase == "Running" and p.status.container_statuses]
     if not running:
@@ -189,7 +234,14 @@ def kill_rank(core: client.CoreV1Api, *, namespace: str, job: str, rank: int) ->
     container_id = running[0].status.container_statuses[0].container_id or ""
     if not container_id.startswith("cairn://"):
         return None
-    pid = int(container_id.removeprefix("cairn://"))
+    return int(container_id.removeprefix("cairn://"))
+
+
+def kill_rank(core: client.CoreV1Api, *, namespace: str, job: str, rank: int) -> int | None:
+    """SIGKILL the trainer process of `rank` in the job's current attempt; its PID."""
+    pid = rank_pid(core, namespace=namespace, job=job, rank=rank)
+    if pid is None:
+        return None
     os.kill(pid, signal.SIGKILL)
     return pid
 
@@ -202,8 +254,14 @@ def run_job(
     kill_rank_after_commit: int | None,
     on_row: Callable[[Row], None],
     timeout: float = JOB_TIMEOUT_SECONDS,
+    on_poll: Callable[[dict[str, Any]], None] | None = None,
+    poll_seconds: float = 1.0,
 ) -> dict[str, Any]:
-    """Apply the TrainingJob `body`, follow it to the end, maybe kill a rank once."""
+    """Apply the TrainingJob `body`, follow it to the end, maybe kill a rank once.
+
+    `on_poll` sees the job as read on every poll (every `poll_seconds`) until
+    it is Succeeded or Failed: tests use it to suspend, resume or kill.
+    """
     name = body["metadata"]["name"]
     custom = client.CustomObjectsApi(api_client)
     core = client.CoreV1Api(api_client)
@@ -228,6 +286,8 @@ def run_job(
             last = row
         if row.phase in ("Succeeded", "Failed"):
             return job
+        if on_poll is not None:
+            on_poll(job)
         ready_to_kill = (
             kill_rank_after_commit is not None
             and not killed
@@ -239,7 +299,7 @@ def run_job(
             if pid is not None:
                 killed = True
                 say(f"killed rank 1 (pid {pid}) with SIGKILL, mid-training")
-        time.sleep(1.0)
+        time.sleep(poll_seconds)
     raise errors.DevclusterError(f"TrainingJob {namespace}/{name} did not finish in {timeout:.0f}s")
 
 

@@ -92,6 +92,7 @@ def spawn(
 def stop(tracked: Tracked, *, grace_seconds: float) -> None:
     """SIGTERM the process group, wait up to `grace_seconds`, then SIGKILL it."""
     if not is_alive(tracked):
+        _reap(tracked.pid)  # collect it if it is our own child that already died
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(tracked.pid, signal.SIGTERM)
@@ -99,6 +100,7 @@ def stop(tracked: Tracked, *, grace_seconds: float) -> None:
     while time.monotonic() < deadline:
         _reap(tracked.pid)
         if not is_alive(tracked):
+            _reap(tracked.pid)  # it may have exited (a zombie) after the first look
             return
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
@@ -107,6 +109,7 @@ def stop(tracked: Tracked, *, grace_seconds: float) -> None:
     while is_alive(tracked) and time.monotonic() < deadline:
         _reap(tracked.pid)
         time.sleep(0.05)
+    _reap(tracked.pid)
 
 
 def stop_pidfile(pidfile: pathlib.Path, *, grace_seconds: float) -> None:

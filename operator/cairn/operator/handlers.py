@@ -8,15 +8,27 @@ means reconciles of a job never overlap. Pods are watched once, for every
 job, through the ``cairn.dev/job-name`` label and kept in a kopf index
 already reduced to ``observe.ObservedPod``.
 
+A second daemon per job runs the S3 pass (``storage.storage_pass``:
+verification, remote retention, ``status.storage``) every
+``STORAGE_INTERVAL_SECONDS`` when ``spec.checkpoint.upload`` is set, and
+within a second of the writer reporting a new ``lastUploaded`` step. The
+deletion handler applies ``onDelete: Delete`` before kopf releases the
+finalizer, bounded: after ``CLEANUP_ATTEMPTS`` failures it posts
+``CleanupFailed`` and lets the deletion complete.
+
 Run: ``kopf run -m cairn.operator.handlers --all-namespaces``.
 """
 
 import asyncio
+import concurrent.futures
 import contextlib
 import copy
 import datetime
+import functools
 import logging
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import kopf
 from kubernetes import client, config
@@ -24,14 +36,35 @@ from kubernetes.client import exceptions as k8s_exceptions
 from kubernetes.config import config_exception
 
 from cairn.api import trainingjob
-from cairn.operator import effects, names, observe, plan
+from cairn.operator import effects, metrics, names, observe, plan, remoteplan, s3store, storage
 
 LOG = logging.getLogger(__name__)
 RESYNC_SECONDS = 60.0
 ERROR_RETRY_SECONDS = 5.0
 FINALIZER = "cairn.dev/finalizer"
+STORAGE_INTERVAL_SECONDS = 30.0
+STORAGE_INITIAL_DELAY_SECONDS = 2.0
+CLEANUP_ATTEMPTS = 5
+CLEANUP_BACKOFF_SECONDS = 2.0
+"""Backoff between cleanup attempts doubles: 2, 4, 8, 16 s (30 s plus the attempts)."""
+
+STORAGE_THREADS = 4
+"""S3 work runs in its own threads: a slow or unreachable store (botocore
+retries, timeouts) never takes the threads the reconcile loops use."""
+_storage_pool = concurrent.futures.ThreadPoolExecutor(
+    max_workers=STORAGE_THREADS, thread_name_prefix="cairn-s3"
+)
+_T = TypeVar("_T")
+
+
+async def _in_storage_thread(call: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_storage_pool, functools.partial(call, *args, **kwargs))
+
 
 _kicks: dict[tuple[str, str], asyncio.Event] = {}
+_storage_kicks: dict[tuple[str, str], asyncio.Event] = {}
+_uploaded_seen: dict[tuple[str, str], int | None] = {}
 
 
 def clock() -> datetime.datetime:
@@ -75,25 +108,61 @@ async def pod_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> N
     _kick(namespace, labels.get(names.LABEL_JOB))
 
 
+def _uploaded_step(body: Any) -> int | None:
+    try:
+        step = body["status"]["checkpoints"]["lastUploaded"]["step"]
+    except (KeyError, TypeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
 @kopf.on.event(trainingjob.GROUP, trainingjob.VERSION, trainingjob.PLURAL)
-async def job_changed(namespace: str | None, name: str | None, **_: Any) -> None:
+async def job_changed(
+    namespace: str | None, name: str | None, type: str | None, body: kopf.Body, **_: Any
+) -> None:
     _kick(namespace, name)
+    key = (namespace or "", name or "")
+    if type == "DELETED":
+        metrics.JOBS.forget(*key)
+        return
+    metrics.JOBS.observe(*key, body)
+    uploaded = _uploaded_step(body)
+    if uploaded is not None and _uploaded_seen.get(key) != uploaded:
+        _uploaded_seen[key] = uploaded
+        event = _storage_kicks.get(key)
+        if event is not None:
+            event.set()
 
 
 class _Written:
     """The job as our last status patch returned it, and the resourceVersion it
-    replaced: while the watch still shows that old version, plan from ours, so
-    a transition is never decided (and announced) twice."""
+    replaced: while the watch still shows that old version, or any version
+    older than ours (kopf's own finalizer and annotation patches land between
+    the two), plan from ours, so a transition is never decided (and announced)
+    twice."""
 
     def __init__(self) -> None:
         self.replaced: str | None = None
         self.body: dict[str, Any] | None = None
 
     def freshest(self, live: dict[str, Any]) -> dict[str, Any]:
+        if self.body is None:
+            return live
         version = live.get("metadata", {}).get("resourceVersion")
-        if self.body is not None and version == self.replaced:
+        ours = self.body.get("metadata", {}).get("resourceVersion")
+        if version == self.replaced or _older(version, than=ours):
             return self.body
+        self.body = None  # the watch caught up: it is the truth again
         return live
+
+
+def _older(version: object, *, than: object) -> bool:
+    """Whether resourceVersion `version` precedes `than`. The API server's are
+    etcd revisions (integers, increasing cluster-wide); anything else: unknown."""
+    try:
+        return int(str(version)) < int(str(than))
+    except ValueError:
+        return False
 
 
 async def reconcile_once(
@@ -152,12 +221,133 @@ async def reconcile_loop(
     try:
         while not stopped:
             kick.clear()
+            started = time.monotonic()
             try:
                 wait = await reconcile_once(body=body, pods=pods, api=memo["api"], written=written)
             except k8s_exceptions.ApiException as error:
                 LOG.warning("reconcile of %s/%s failed: %s", *key, error.reason)
                 wait = ERROR_RETRY_SECONDS
+            finally:
+                metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(kick.wait(), timeout=wait)
     finally:
         _kicks.pop(key, None)
+
+
+def _s3_job(raw: dict[str, Any]) -> tuple[dict[str, Any], trainingjob.TrainingJob] | None:
+    """The job if the operator should look at its S3 prefix now, else None."""
+    job = observe.parse_job(raw)
+    if isinstance(job, observe.InvalidJob) or not job.spec.managed_by_cairn:
+        return None
+    if job.spec.checkpoint.upload is None or job.metadata.deletion_timestamp is not None:
+        return None
+    return raw, job
+
+
+async def _sleep(kick: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
+    """Until kicked, stopped (the job is being deleted) or ``timeout``."""
+    waits = [asyncio.ensure_future(kick.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+
+
+@kopf.daemon(
+    trainingjob.GROUP,
+    trainingjob.VERSION,
+    trainingjob.PLURAL,
+    cancellation_timeout=1.0,
+    initial_delay=STORAGE_INITIAL_DELAY_SECONDS,
+)
+async def storage_loop(
+    *,
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    **_: Any,
+) -> None:
+    """The S3 pass of one job, every STORAGE_INTERVAL_SECONDS or when kicked."""
+    key = (namespace or "", name)
+    kick = _storage_kicks.setdefault(key, asyncio.Event())
+    cache = s3store.HeadCache()
+    written = _Written()
+    try:
+        while not stopped:
+            kick.clear()
+            target = _s3_job(written.freshest(copy.deepcopy(dict(body))))
+            if target is not None:
+                raw, job = target
+                started = time.monotonic()
+                try:
+                    result = await _in_storage_thread(
+                        storage.storage_pass,
+                        api=memo["api"],
+                        raw=raw,
+                        job=job,
+                        cache=cache,
+                        now=clock,
+                    )
+                    if result.patched_object is not None:
+                        written.replaced = raw.get("metadata", {}).get("resourceVersion")
+                        written.body = result.patched_object
+                    if result.error is not None:
+                        metrics.STORAGE_ERRORS.inc()
+                    metrics.RETENTION_DELETED.inc(len(result.deleted))
+                except k8s_exceptions.ApiException as error:
+                    LOG.warning("storage status of %s/%s not patched: %s", *key, error.reason)
+                except Exception:  # keep the loop alive; the next pass tries again
+                    LOG.exception("S3 pass of %s/%s failed", *key)
+                    metrics.STORAGE_ERRORS.inc()
+                finally:
+                    metrics.STORAGE_PASS_SECONDS.observe(time.monotonic() - started)
+            await _sleep(kick, stopped, STORAGE_INTERVAL_SECONDS)
+    finally:
+        _storage_kicks.pop(key, None)
+        _uploaded_seen.pop(key, None)
+
+
+@kopf.on.delete(trainingjob.GROUP, trainingjob.VERSION, trainingjob.PLURAL)
+async def on_delete(*, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    """``onDelete: Delete``: empty the job's S3 prefix before the finalizer goes.
+
+    Bounded: each failed attempt raises ``kopf.TemporaryError`` with a
+    doubling delay (kopf keeps the retry count in the job's ``cairn.dev``
+    annotations, so an operator restart does not reset it); the
+    CLEANUP_ATTEMPTS-th failure posts a Warning ``CleanupFailed`` and returns,
+    so the finalizer is released and a deletion never wedges on an
+    unreachable store. ``Retain`` touches nothing.
+    """
+    raw = copy.deepcopy(dict(body))
+    job = observe.parse_job(raw)
+    if isinstance(job, observe.InvalidJob):
+        return
+    checkpoint = job.spec.checkpoint
+    if not job.spec.managed_by_cairn or checkpoint.on_delete != "Delete" or not checkpoint.upload:
+        s3store.forget_credentials(job.metadata.uid)
+        return
+    key = (job.metadata.namespace, job.metadata.name)
+    attempt = retry + 1
+    try:
+        count = await _in_storage_thread(storage.cleanup, api=memo["api"], raw=raw, job=job)
+    except s3store.StoreError as failure:
+        LOG.warning("cleanup of %s/%s, attempt %d: %s", *key, attempt, failure)
+        if attempt < CLEANUP_ATTEMPTS:
+            raise kopf.TemporaryError(
+                f"S3 cleanup attempt {attempt} failed",
+                delay=CLEANUP_BACKOFF_SECONDS * 2 ** (attempt - 1),
+            ) from None
+        notice = remoteplan.Notice(
+            type="Warning",
+            reason="CleanupFailed",
+            message=f"S3 prefix {checkpoint.upload.uri} not emptied after {attempt} attempts: {failure}",
+        )
+        await _in_storage_thread(storage.post_event, memo["api"], raw, notice)
+        s3store.forget_credentials(job.metadata.uid)
+        return
+    LOG.info("onDelete=Delete: removed %d objects of %s/%s from S3", count, *key)
+    s3store.forget_credentials(job.metadata.uid)

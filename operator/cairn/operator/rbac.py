@@ -14,8 +14,10 @@ Two scopes:
 - ``CLUSTER_RULES`` are cluster-scoped reads kopf needs in either mode (CRDs and
   namespaces: names and labels only).
 
-Not granted on purpose: Secrets (the S3 credentials reach pods only through
-``secretKeyRef``, resolved by the kubelet), nodes, ``update`` (everything is
+Secrets: only ``get`` (no list, no watch): ``s3store`` reads the one Secret a
+job's ``upload.credentialsSecretRef`` names, by name, when it verifies,
+applies retention or cleans up the job's S3 prefix; the pods still get the
+values only through ``secretKeyRef``. Not granted on purpose: nodes, ``update`` (everything is
 created, patched or deleted), ``escalate``/``bind`` (the per-job Role it
 creates grants only ``get``/``patch`` on the job's ``/status``, which the
 operator itself holds, so RBAC's escalation check passes without them).
@@ -52,6 +54,8 @@ NAMESPACED_RULES: Final[tuple[PolicyRule, ...]] = (
     _rule("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "create"]),
     # effects: one Event per transition.
     _rule("", ["events"], ["create"]),
+    # s3store: the S3 credentials Secret a job names (by name: get only).
+    _rule("", ["secrets"], ["get"]),
 )
 
 CLUSTER_RULES: Final[tuple[PolicyRule, ...]] = (

@@ -63,11 +63,19 @@ def _checkpoint_conditions(
             )
         )
     else:
+        # Verified: the operator read the step back from S3 (status.storage);
+        # the writer's own flag is honoured too.
+        storage = job.status.storage
+        verified = uploaded.verified or (
+            storage is not None
+            and storage.verified_step is not None
+            and storage.verified_step >= uploaded.step
+        )
         out.append(
             cond.Desired(
                 type=cond.CHECKPOINT_UPLOADED,
                 status=True,
-                reason=cond.REASON_VERIFIED if uploaded.verified else cond.REASON_UPLOADED,
+                reason=cond.REASON_VERIFIED if verified else cond.REASON_UPLOADED,
                 message=cond.MSG_UPLOADED.format(step=uploaded.step, uri=uploaded.uri or ""),
             )
         )

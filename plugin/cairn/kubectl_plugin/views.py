@@ -34,15 +34,35 @@ def parse_status(job: dict[str, Any]) -> jobstatus.TrainingJobStatus:
     return jobstatus.TrainingJobStatus.model_validate(job.get("status") or {})
 
 
+def operator_verified(status: jobstatus.TrainingJobStatus) -> frozenset[int]:
+    """Steps the operator read back from S3 and found matching their manifest.
+
+    ``status.storage`` (operator-owned): every step in ``remoteSteps`` that is
+    not in ``corruptSteps`` passed verification, and ``verifiedStep`` is the
+    newest of them.
+    """
+    storage = status.storage
+    if storage is None:
+        return frozenset()
+    corrupt = set(storage.corrupt_steps or ())
+    steps = {s for s in storage.remote_steps or () if s not in corrupt}
+    if storage.verified_step is not None:
+        steps.add(storage.verified_step)
+    return frozenset(steps)
+
+
 def checkpoint_rows(status: jobstatus.TrainingJobStatus) -> list[CheckpointRow]:
     """Every step the status knows of, newest first.
 
     Sources: ``history`` (one record per step, its latest state), then
     ``lastCommitted``/``lastUploaded`` (which may be newer than the bounded
-    history) and ``inFlight`` (steps still being written).
+    history) and ``inFlight`` (steps still being written). VERIFIED prefers
+    the operator's verification (``status.storage``); the writer's
+    ``lastUploaded.verified`` and ``verified`` history records still count.
     """
     ckpts = status.checkpoints or jobstatus.CheckpointsStatus()
     uploaded = ckpts.last_uploaded
+    checked = operator_verified(status)
     rows: dict[int, CheckpointRow] = {}
     for record in ckpts.history or ():
         remote = record.state in REMOTE_STATES or (
@@ -87,6 +107,10 @@ def checkpoint_rows(status: jobstatus.TrainingJobStatus) -> list[CheckpointRow]:
             rows[uploaded.step] = dataclasses.replace(
                 known, remote="yes", verified=known.verified or uploaded.verified
             )
+    for step in checked:
+        known = rows.get(step)
+        if known is not None and not (known.verified and known.remote == "yes"):
+            rows[step] = dataclasses.replace(known, remote="yes", verified=True)
     for flight in ckpts.in_flight or ():
         if flight.step not in rows:
             rows[flight.step] = CheckpointRow(
@@ -255,13 +279,25 @@ def describe(job: dict[str, Any], *, pods: Sequence[dict[str, Any]], now: dateti
             "Uploaded:      "
             + (
                 f"step {uploaded.step} to {uploaded.uri or upload.get('uri', '')}"
-                + (" (verified)" if uploaded.verified else "")
+                + (
+                    " (verified)"
+                    if uploaded.verified or uploaded.step in operator_verified(status)
+                    else ""
+                )
                 if uploaded
                 else f"none yet (to {upload.get('uri', '')})"
             )
         )
     else:
         lines.append("Uploaded:      upload disabled")
+    storage = status.storage
+    if upload and storage is not None and storage.verified_step is not None:
+        lines.append(
+            f"Verified:      step {storage.verified_step} in S3"
+            + (f" ({storage.verified_by})" if storage.verified_by else "")
+        )
+    if upload and storage is not None and storage.last_error:
+        lines.append(f"S3 error:      {storage.last_error}")
     if ckpts.resumed_from is not None:
         came = ckpts.resumed_from
         lines.append(

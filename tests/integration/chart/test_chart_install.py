@@ -202,10 +202,14 @@ ALLOWED = [
     ("create", "services"),
     ("create", "serviceaccounts"),
     ("create", "events"),
+    # The S3 credentials Secret a job names (storage: verification, retention, onDelete).
+    ("get", "secrets"),
 ]
 DENIED = [
-    ("get", "secrets"),
     ("list", "secrets"),
+    ("watch", "secrets"),
+    ("create", "secrets"),
+    ("delete", "secrets"),
     ("update", "trainingjobs.cairn.dev"),
     ("delete", "trainingjobs.cairn.dev"),
     ("create", "deployments.apps"),

@@ -84,3 +84,20 @@ def test_body_has_only_writer_fields() -> None:
         "writeSeconds": 0.5,
         "stallSeconds": 0.01,
     }
+
+
+def test_close_retries_the_final_state_after_earlier_failures() -> None:
+    """Failures earlier in the run do not use up close()'s retries, and close() cuts a
+    long backoff short: the final state still arrives within close()'s timeout."""
+    patch = RecordingPatch(fail_first=6)
+    reporter = status_reporter.StatusReporter(patch=patch, min_interval_seconds=0.05)
+    reporter.update(step=1, checkpoints=None)
+    deadline = time.monotonic() + 20
+    while reporter.stats.patch_failures < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # Now in a backoff of 0.05·2^4 s or more, with 5 failures behind it.
+    reporter.update(step=2, checkpoints=None)
+    started = time.monotonic()
+    assert reporter.close(timeout_seconds=10)
+    assert time.monotonic() - started < 5
+    assert patch.bodies[-1] == {"status": {"step": 2}}

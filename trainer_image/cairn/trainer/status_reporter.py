@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 FIELD_MANAGER = "cairn-writer"
 DEFAULT_MIN_INTERVAL_SECONDS = 2.0
 MAX_BACKOFF_SECONDS = 30.0
+DEFAULT_CLOSE_TIMEOUT_SECONDS = 30.0
+"""How long `close()` keeps trying to deliver the final state (one request may take
+its whole 10 s timeout on a slow API server, so this leaves room for retries)."""
 
 PatchFn = Callable[[dict[str, Any]], None]
 
@@ -91,6 +94,8 @@ class StatusReporter:
         self._lock = threading.Condition()
         self._pending: dict[str, Any] | None = None
         self._closed = False
+        self._close_deadline = float("inf")
+        self._give_up = False
         self._last_sent_at = -float("inf")
         self.stats = ReporterStats()
         self._thread = threading.Thread(target=self._run, name="cairn-status-reporter", daemon=True)
@@ -104,13 +109,19 @@ class StatusReporter:
             self.stats.updates += 1
             self._lock.notify()
 
-    def close(self, *, timeout_seconds: float = 10.0) -> bool:
-        """Send the last state (waiting out the throttle) and stop; False if it could not."""
+    def close(self, *, timeout_seconds: float = DEFAULT_CLOSE_TIMEOUT_SECONDS) -> bool:
+        """Send the last state (waiting out the throttle) and stop; False if it could not.
+
+        A failed send is retried (throttled as always) until the timeout,
+        which bounds the whole flush; a backoff in progress is cut short.
+        """
         with self._lock:
             self._closed = True
+            self._close_deadline = self._clock() + timeout_seconds
             self._lock.notify()
         self._thread.join(timeout_seconds)
         with self._lock:
+            self._give_up = True  # a send still running when we return is not waited for
             return self._pending is None and not self._thread.is_alive()
 
     def _run(self) -> None:
@@ -137,10 +148,13 @@ class StatusReporter:
                     if self._pending is None:
                         self._pending = body
                     self._last_sent_at = self._clock()
-                    closing = self._closed
-                if closing and self.stats.patch_failures > 3:
-                    return
-                time.sleep(min(backoff, MAX_BACKOFF_SECONDS) if not closing else 0.5)
+                    # Back off, but wake at once for close(): the final state is
+                    # then retried promptly until close()'s deadline.
+                    until = self._clock() + min(backoff, MAX_BACKOFF_SECONDS)
+                    while not self._closed and (wait := until - self._clock()) > 0:
+                        self._lock.wait(wait)
+                    if self._closed and (self._give_up or self._clock() >= self._close_deadline):
+                        return
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
                 continue
             backoff = self._interval
