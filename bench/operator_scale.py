@@ -22,8 +22,10 @@ Not part of the test suite.
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import pathlib
+import re
 import statistics
 import threading
 import time
@@ -38,10 +40,21 @@ from cairn.devcluster import cluster, demo, processes
 GROUP, VERSION, PLURAL = trainingjob.GROUP, trainingjob.VERSION, trainingjob.PLURAL
 
 
-def request_total(api: client.ApiClient) -> float:
-    """Sum of apiserver_request_total over every label set (admin GET /metrics)."""
-    samples = demo.apiserver_request_totals(api)
-    return sum(v for k, v in samples.items() if k.startswith("apiserver_request_total{"))
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def requests_by_kind(api: client.ApiClient) -> collections.Counter[str]:
+    """apiserver_request_total summed per "VERB resource[/subresource]" (admin GET /metrics)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for sample, value in demo.apiserver_request_totals(api).items():
+        if not sample.startswith("apiserver_request_total{"):
+            continue
+        labels = dict(LABEL.findall(sample))
+        resource = labels.get("resource", "") or "-"
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        counts[f"{labels.get('verb', '?')} {resource}"] += int(value)
+    return counts
 
 
 def job_body(name: str, nodes: int) -> dict[str, Any]:
@@ -118,7 +131,7 @@ def main() -> None:
     watcher = threading.Thread(target=watch_pods, daemon=True)
     watcher.start()
     time.sleep(1.0)
-    before = request_total(api)
+    before = requests_by_kind(api)
 
     def create(name: str) -> None:
         created_at[name] = time.monotonic()
@@ -133,7 +146,7 @@ def main() -> None:
     finished = done.wait(args.timeout)
     # Let the last status patches land before counting requests.
     time.sleep(5.0)
-    after = request_total(api)
+    after = requests_by_kind(api)
     stop.set()
     latencies = sorted(complete_at[n] - created_at[n] for n in names if n in complete_at)
     # The bench's own requests: N creates + 2 metrics GETs + one pod watch.
@@ -154,9 +167,13 @@ def main() -> None:
             f"all {len(latencies)} jobs' pods exist {max(complete_at.values()) - started:.1f} s after the first create"
         )
     print(f"operator RSS: {rss_idle / 1024:.0f} MiB before, {peak[0] / 1024:.0f} MiB peak")
+    delta = after - before
     print(
-        f"API requests per job: {(after - before - own) / args.jobs:.1f} (all clients but this bench)"
+        f"API requests per job: {(delta.total() - own) / args.jobs:.1f} "
+        "(all clients but this bench), the most frequent:"
     )
+    for kind, count in delta.most_common(10):
+        print(f"  {count / args.jobs:6.2f}  {kind}")
     started_delete = time.monotonic()
     core.delete_namespace(namespace)
     print(f"namespace {namespace} deleted ({time.monotonic() - started_delete:.1f} s to request)")

@@ -280,8 +280,6 @@ def _judge(
         why = None
         if pod.disruption_reason is not None:
             why = pod.disruption_reason
-        elif pod.node_name is not None and pod.node_name in observed.nodes_gone:
-            why = f"node {pod.node_name} is gone"
         elif pod.phase == "Unknown":
             why = "pod phase Unknown"
         elif pod.deleting and not pod.terminated:

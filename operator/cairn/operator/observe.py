@@ -63,8 +63,6 @@ class Observed:
     """Everything the plan may look at besides the job and the clock."""
 
     pods: tuple[ObservedPod, ...] = ()
-    nodes_gone: frozenset[str] = frozenset()
-    """Names of nodes known to have been deleted or to be unreachable."""
 
     def pods_of(self, attempt: int) -> tuple[ObservedPod, ...]:
         return tuple(p for p in self.pods if p.attempt == attempt)
@@ -150,9 +148,8 @@ def parse_pod(body: Mapping[str, Any]) -> ObservedPod | None:
     )
 
 
-def observe(*, pods: Iterable[Mapping[str, Any]], nodes_gone: Iterable[str] = ()) -> Observed:
+def observe(*, pods: Iterable[Mapping[str, Any]]) -> Observed:
     parsed = (parse_pod(p) for p in pods)
     return Observed(
         pods=tuple(sorted((p for p in parsed if p), key=lambda p: (p.attempt, p.rank))),
-        nodes_gone=frozenset(nodes_gone),
     )

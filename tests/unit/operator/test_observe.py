@@ -71,13 +71,11 @@ def test_foreign_pods_are_ignored_and_order_is_stable() -> None:
             {"metadata": {"name": "other", "labels": {}}},
             _raw("1", "0", phase="Weird"),
         ],
-        nodes_gone=["n9"],
     )
     assert [(p.attempt, p.rank, p.phase, p.ready) for p in seen.pods] == [
         (1, 0, "Unknown", False),
         (1, 1, "Running", True),
     ]
-    assert seen.nodes_gone == frozenset({"n9"})
 
 
 def test_invalid_job() -> None:

@@ -36,11 +36,10 @@ def _run(
     job: trainingjob.TrainingJob,
     *pods: observe.ObservedPod,
     t: float = 0,
-    gone: tuple[str, ...] = (),
 ) -> tuple[plan.Plan, trainingjob.TrainingJob]:
     result = plan.plan(
         job=job,
-        observed=observe.Observed(pods=pods, nodes_gone=frozenset(gone)),
+        observed=observe.Observed(pods=pods),
         now=jobs.at(t),
     )
     return result, _apply(job, result)
@@ -136,28 +135,45 @@ def test_failed_rank_fails_the_gang_then_backoff_then_next_attempt() -> None:
 
 
 @pytest.mark.parametrize(
-    ("pods", "gone", "why"),
+    ("pods", "why"),
     [
         (
             (
                 jobs.pod(1, 0),
                 jobs.pod(1, 1, "Failed", exit_code=143, disruption_reason="EvictionByEvictionAPI"),
             ),
-            (),
             "EvictionByEvictionAPI",
         ),
-        ((jobs.pod(1, 0), jobs.pod(1, 1, node_name="n2")), ("n2",), "node n2 is gone"),
-        ((jobs.pod(1, 0),), (), "pod disappeared"),
-        ((jobs.pod(1, 0), jobs.pod(1, 1, deleting=True)), (), "pod deleted"),
-        ((jobs.pod(1, 0), jobs.pod(1, 1, "Unknown")), (), "pod phase Unknown"),
+        # Node loss as Kubernetes reports it: the taint manager evicts from an
+        # unreachable node, PodGC removes pods of a deleted Node, both marking
+        # the pod DisruptionTarget first.
+        (
+            (jobs.pod(1, 0), jobs.pod(1, 1, deleting=True, disruption_reason="DeletionByPodGC")),
+            "DeletionByPodGC",
+        ),
+        (
+            (
+                jobs.pod(1, 0),
+                jobs.pod(1, 1, deleting=True, disruption_reason="DeletionByTaintManager"),
+            ),
+            "DeletionByTaintManager",
+        ),
+        ((jobs.pod(1, 0),), "pod disappeared"),
+        ((jobs.pod(1, 0), jobs.pod(1, 1, deleting=True)), "pod deleted"),
+        ((jobs.pod(1, 0), jobs.pod(1, 1, "Unknown")), "pod phase Unknown"),
     ],
-    ids=["evicted", "node-gone", "vanished", "deleted-by-someone", "unknown"],
+    ids=[
+        "evicted",
+        "node-deleted",
+        "node-unreachable",
+        "vanished",
+        "deleted-by-someone",
+        "unknown",
+    ],
 )
-def test_preemptions_are_not_counted(
-    pods: tuple[observe.ObservedPod, ...], gone: tuple[str, ...], why: str
-) -> None:
+def test_preemptions_are_not_counted(pods: tuple[observe.ObservedPod, ...], why: str) -> None:
     job = _running(restartPolicy={"maxRestarts": 0})
-    result, job = _run(job, *pods, t=50, gone=gone)
+    result, job = _run(job, *pods, t=50)
     assert job.status.phase == "Restarting"
     assert (job.status.restarts, job.status.restarts_count_towards_max) == (1, 0)
     assert result.events[0].reason == conditions.REASON_PREEMPTED
