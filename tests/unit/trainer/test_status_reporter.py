@@ -86,6 +86,24 @@ def test_body_has_only_writer_fields() -> None:
     }
 
 
+def test_body_clears_what_the_writer_no_longer_has() -> None:
+    done = jobstatus.CheckpointsStatus(
+        last_committed=jobstatus.CommittedCheckpoint(
+            step=10, time=datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)
+        ),
+        history=[jobstatus.CheckpointRecord(step=10, state="committed")],
+    )
+    checkpoints = status_reporter.status_body(step=10, checkpoints=done)["status"]["checkpoints"]
+    # No save in flight: sent as null so the server drops the last one.
+    assert checkpoints["inFlight"] is None
+    # A record sent whole: unset fields null (merge patch deletes them) ...
+    assert checkpoints["lastCommitted"]["stallSeconds"] is None
+    # ... list items without nulls (a list is replaced whole), and records not
+    # made yet (lastUploaded) left to stand.
+    assert checkpoints["history"] == [{"step": 10, "state": "committed"}]
+    assert "lastUploaded" not in checkpoints and "resumedFrom" not in checkpoints
+
+
 def test_close_retries_the_final_state_after_earlier_failures() -> None:
     """Failures earlier in the run do not use up close()'s retries, and close() cuts a
     long backoff short: the final state still arrives within close()'s timeout."""

@@ -216,6 +216,8 @@ def _upload(ctx: StepContext, *, folder: pathlib.Path, manifest: manifest_mod.Ma
     if coord.rank == 0:
         reports = coord.gather(f"{key}/uploaded", timeout=ctx.opts.timeout_seconds)
         _check_reports(reports, f"upload of step {ctx.step}")
+        # Rank 0's "uploaded" event stands for the whole step (status, metrics).
+        sent = sum(int(report.get("bytes", 0)) for report in reports)
         # Only now, with every rank's files in the bucket, is the step
         # committed remotely.
         layout.check_fence(ctx.opts.directory, ctx.opts.attempt)

@@ -41,18 +41,51 @@ class ReporterStats:
     updates: int = 0
 
 
+ALWAYS_SENT = "inFlight"
+"""The one writer field sent even when unset: its null clears the last save in flight."""
+
+
 def status_body(
     *, step: int | None, checkpoints: jobstatus.CheckpointsStatus | None
 ) -> dict[str, Any]:
-    """Pure: the merge patch of the writer's fields, in the CRD's camelCase."""
+    """Pure: the merge patch of the writer's fields, in the CRD's camelCase.
+
+    A merge patch keeps every key it does not mention. So `inFlight` is always
+    sent (null once the last save in flight is done), and a record that is
+    sent carries its unset fields as null (a commit without a measured stall
+    must not keep the previous one's). Records this writer has not made yet
+    (a new attempt before its first commit) are left out, so the previous
+    attempt's stay visible until replaced.
+    """
     status: dict[str, Any] = {}
     if step is not None:
         status["step"] = step
     if checkpoints is not None:
-        status["checkpoints"] = checkpoints.model_dump(
-            mode="json", by_alias=True, exclude_none=True
-        )
+        dumped = checkpoints.model_dump(mode="json", by_alias=True, exclude_none=False)
+        status["checkpoints"] = {
+            key: _with_deletions(value)
+            for key, value in dumped.items()
+            if value is not None or key == ALWAYS_SENT
+        }
     return {"status": status}
+
+
+def _with_deletions(value: Any) -> Any:
+    """Pure: None in an object stays (a merge patch deletes the key); lists are
+    replaced whole by a merge patch, so their items carry no nulls."""
+    if isinstance(value, dict):
+        return {key: _with_deletions(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
 
 
 def kubernetes_patcher(*, api_client: Any, namespace: str, name: str) -> PatchFn:
