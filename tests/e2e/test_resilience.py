@@ -421,6 +421,9 @@ def test_kill_during_checkpoint_write_resumes_from_last_commit(
     assert _step(ckpts, "lastCommitted") == steps
     assert _step(ckpts, "lastUploaded") == steps
     assert status["step"] == steps
+    # Attempt 2's writer went on from attempt 1's records: its steps stay in history.
+    assert set(killer.committed_before) <= {r["step"] for r in ckpts["history"]}
+    assert not ckpts.get("inFlight")
     # The new attempt wrote the killed step again, from scratch, and committed it itself.
     root = killer.root
     assert root is not None

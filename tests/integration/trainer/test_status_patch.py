@@ -79,6 +79,11 @@ def test_cleared_fields_are_gone_on_the_server(
         ],
     )
     patch(status_reporter.status_body(step=11, checkpoints=after))
+    # Attempt 2's writer, resumed, before its first commit.
+    resumed = jobstatus.CheckpointsStatus(
+        resumed_from=jobstatus.ResumedFrom(step=10, attempt=2, source="local")
+    )
+    patch(status_reporter.status_body(step=10, checkpoints=resumed))
 
     status = custom.get_namespaced_custom_object(
         group, version, namespace, trainingjob.PLURAL, "reported"
@@ -94,5 +99,13 @@ def test_cleared_fields_are_gone_on_the_server(
         {"step": 10, "state": "committed", "time": "2026-11-23T00:00:00Z"},
         {"step": 5, "state": "rotated", "time": "2026-11-23T00:00:00Z", "bytes": 100},
     ]
-    assert status["step"] == 11
+    assert checkpoints["resumedFrom"] == {"step": 10, "attempt": 2, "source": "local"}
+    assert status["step"] == 10
     assert status["phase"] == "Suspended"
+    # What a next attempt's writer reads back through the API to go on from.
+    read = status_reporter.kubernetes_checkpoints_reader(
+        api_client=devcluster.api_client, namespace=namespace, name="reported"
+    )()
+    assert read is not None
+    assert [(r.step, r.state) for r in read.history or []] == [(10, "committed"), (5, "rotated")]
+    assert read.last_committed is not None and read.last_committed.step == 10

@@ -26,6 +26,19 @@ class Tracker:
     upload_uri: str | None = None
 
 
+def continued(previous: jobstatus.CheckpointsStatus | None, *, upload_uri: str | None) -> Tracker:
+    """Pure: the fold state a new attempt's writer starts from.
+
+    The job's checkpoint records (last commit, last upload, history) go on
+    across attempts; what was in flight died with the previous attempt, and
+    `resumedFrom` is this attempt's to set.
+    """
+    if previous is None:
+        return Tracker(upload_uri=upload_uri)
+    kept = previous.model_copy(update={"in_flight": None, "resumed_from": None})
+    return Tracker(status=kept, upload_uri=upload_uri)
+
+
 def _record(
     history: list[jobstatus.CheckpointRecord] | None, record: jobstatus.CheckpointRecord
 ) -> list[jobstatus.CheckpointRecord]:
@@ -38,6 +51,19 @@ def _without_in_flight(
 ) -> list[jobstatus.InFlightCheckpoint] | None:
     left = [f for f in status.in_flight or [] if f.step != step]
     return left or None
+
+
+NEXT_STAGE: dict[str, jobstatus.InFlightStage] = {"staged": "writing", "written": "committing"}
+"""The stage a step in flight enters when rank 0 finishes the phase named."""
+
+
+def _advanced(
+    status: jobstatus.CheckpointsStatus, step: int, stage: jobstatus.InFlightStage
+) -> list[jobstatus.InFlightCheckpoint] | None:
+    return [
+        f.model_copy(update={"stage": stage}) if f.step == step else f
+        for f in status.in_flight or []
+    ] or None
 
 
 def apply(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.datetime) -> Tracker:
@@ -56,6 +82,11 @@ def apply(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.dateti
             status=status.model_copy(update={"in_flight": in_flight[-8:]}),
             stall_seconds={step: event.seconds},
         )
+    if event.phase in NEXT_STAGE:
+        advanced = _advanced(status, step, NEXT_STAGE[event.phase])
+        return dataclasses.replace(
+            tracker, status=status.model_copy(update={"in_flight": advanced})
+        )
     if event.phase == "committed":
         committed = jobstatus.CommittedCheckpoint(
             step=step,
@@ -73,8 +104,11 @@ def apply(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.dateti
                 ),
             ),
         }
-        if tracker.upload_uri is None:
-            update["in_flight"] = _without_in_flight(status, step)
+        update["in_flight"] = (
+            _without_in_flight(status, step)
+            if tracker.upload_uri is None
+            else _advanced(status, step, "uploading")
+        )
         return dataclasses.replace(tracker, status=status.model_copy(update=update))
     if event.phase == "uploaded":
         uri = (

@@ -94,9 +94,14 @@ class StatusFeed:
             from kubernetes import client, config
 
             config.load_incluster_config()
+            api_client = client.ApiClient()
+            previous = status_reporter.kubernetes_checkpoints_reader(
+                api_client=api_client, namespace=cfg.namespace, name=cfg.job_name
+            )()
+            self.tracker = checkpoint_status.continued(previous, upload_uri=self.tracker.upload_uri)
             self.reporter = status_reporter.StatusReporter(
                 patch=status_reporter.kubernetes_patcher(
-                    api_client=client.ApiClient(), namespace=cfg.namespace, name=cfg.job_name
+                    api_client=api_client, namespace=cfg.namespace, name=cfg.job_name
                 )
             )
 
