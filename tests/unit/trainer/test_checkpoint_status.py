@@ -58,6 +58,20 @@ def test_a_step_moves_through_its_stages_and_leaves_when_uploaded() -> None:
     assert [(r.step, r.state) for r in tracker.status.history or []] == [(5, "uploaded")]
 
 
+def test_a_late_blocked_event_neither_revives_nor_loses_anything() -> None:
+    """The training thread reports `blocked` after submitting the save; the
+    writer thread may have staged, committed and even uploaded it by then."""
+    tracker = _fold(checkpoint_status.Tracker(upload_uri=URI), ("staged", 5), ("written", 5))
+    assert _stages(tracker) == [(5, "committing")]
+    tracker = _fold(tracker, ("blocked", 5), seconds=0.02)
+    assert _stages(tracker) == [(5, "committing")]  # not back to staging
+    tracker = _fold(checkpoint_status.Tracker(upload_uri=URI), ("committed", 5), ("uploaded", 5))
+    tracker = _fold(tracker, ("blocked", 5), seconds=0.02)
+    assert tracker.status.in_flight is None  # over, not revived
+    committed = tracker.status.last_committed
+    assert committed is not None and committed.stall_seconds == 0.02  # stall still recorded
+
+
 def test_without_upload_a_commit_ends_the_flight() -> None:
     tracker = _fold(checkpoint_status.Tracker(), ("blocked", 5), ("committed", 5))
     assert tracker.status.in_flight is None

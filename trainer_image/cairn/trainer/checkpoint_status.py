@@ -24,6 +24,13 @@ class Tracker:
     )
     stall_seconds: dict[int, float] = dataclasses.field(default_factory=dict)
     upload_uri: str | None = None
+    ended: tuple[int, ...] = ()
+    """Steps whose flight is over (uploaded, or committed without S3, or
+    failed), newest last and bounded: the training thread's `blocked` event
+    can arrive after the writer thread's later events of the same step."""
+
+
+ENDED_LIMIT = 16
 
 
 def continued(previous: jobstatus.CheckpointsStatus | None, *, upload_uri: str | None) -> Tracker:
@@ -58,12 +65,39 @@ NEXT_STAGE: dict[str, jobstatus.InFlightStage] = {"staged": "writing", "written"
 
 
 def _advanced(
-    status: jobstatus.CheckpointsStatus, step: int, stage: jobstatus.InFlightStage
+    tracker: Tracker, step: int, stage: jobstatus.InFlightStage, *, now: datetime.datetime
 ) -> list[jobstatus.InFlightCheckpoint] | None:
-    return [
-        f.model_copy(update={"stage": stage}) if f.step == step else f
-        for f in status.in_flight or []
-    ] or None
+    """The in-flight list with `step` at `stage` (added if not there yet),
+    unless the step's flight is already over."""
+    current = tracker.status.in_flight or []
+    if step in tracker.ended:
+        return current or None
+    if not any(f.step == step for f in current):
+        added = jobstatus.InFlightCheckpoint(step=step, stage=stage, since=now)
+        return [*current, added][-8:]
+    return [f.model_copy(update={"stage": stage}) if f.step == step else f for f in current]
+
+
+def _ended(tracker: Tracker, step: int) -> tuple[int, ...]:
+    return (*(s for s in tracker.ended if s != step), step)[-ENDED_LIMIT:]
+
+
+def _blocked(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.datetime) -> Tracker:
+    """The training loop's wait for a save: its stall, and the step enters the
+    flight at `staging` unless the writer thread already moved it on."""
+    status = tracker.status
+    step = event.step
+    committed = status.last_committed
+    update: dict[str, object] = {}
+    if committed is not None and committed.step == step and committed.stall_seconds is None:
+        update["last_committed"] = committed.model_copy(update={"stall_seconds": event.seconds})
+    if step not in tracker.ended and not any(f.step == step for f in status.in_flight or []):
+        update["in_flight"] = _advanced(tracker, step, "staging", now=now)
+    return dataclasses.replace(
+        tracker,
+        status=status.model_copy(update=update),
+        stall_seconds={step: event.seconds},
+    )
 
 
 def apply(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.datetime) -> Tracker:
@@ -73,17 +107,9 @@ def apply(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.dateti
     status = tracker.status
     step = event.step
     if event.phase == "blocked":
-        in_flight = [
-            *(_without_in_flight(status, step) or []),
-            jobstatus.InFlightCheckpoint(step=step, stage="staging", since=now),
-        ]
-        return dataclasses.replace(
-            tracker,
-            status=status.model_copy(update={"in_flight": in_flight[-8:]}),
-            stall_seconds={step: event.seconds},
-        )
+        return _blocked(tracker, event, now=now)
     if event.phase in NEXT_STAGE:
-        advanced = _advanced(status, step, NEXT_STAGE[event.phase])
+        advanced = _advanced(tracker, step, NEXT_STAGE[event.phase], now=now)
         return dataclasses.replace(
             tracker, status=status.model_copy(update={"in_flight": advanced})
         )
@@ -104,11 +130,12 @@ def apply(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.dateti
                 ),
             ),
         }
-        update["in_flight"] = (
-            _without_in_flight(status, step)
-            if tracker.upload_uri is None
-            else _advanced(status, step, "uploading")
-        )
+        if tracker.upload_uri is None:
+            update["in_flight"] = _without_in_flight(status, step)
+            return dataclasses.replace(
+                tracker, status=status.model_copy(update=update), ended=_ended(tracker, step)
+            )
+        update["in_flight"] = _advanced(tracker, step, "uploading", now=now)
         return dataclasses.replace(tracker, status=status.model_copy(update=update))
     if event.phase == "uploaded":
         uri = (
@@ -131,6 +158,7 @@ def apply(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.dateti
                     "in_flight": _without_in_flight(status, step),
                 }
             ),
+            ended=_ended(tracker, step),
         )
     if event.phase == "deleted":
         old = next((r for r in status.history or [] if r.step == step), None)
@@ -152,5 +180,6 @@ def apply(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.dateti
                     "in_flight": _without_in_flight(status, step),
                 }
             ),
+            ended=_ended(tracker, step),
         )
     return tracker
