@@ -118,3 +118,18 @@ def test_a_new_attempt_goes_on_from_the_previous_records() -> None:
     assert checkpoint_status.continued(None, upload_uri=URI) == checkpoint_status.Tracker(
         upload_uri=URI
     )
+
+
+def test_the_step_resumed_from_is_in_history() -> None:
+    """The previous attempt may have died before reporting the step it committed."""
+    before = _fold(checkpoint_status.Tracker(upload_uri=URI), ("committed", 5), ("uploaded", 5))
+    tracker = checkpoint_status.resumed(
+        before, jobstatus.ResumedFrom(step=10, attempt=2, source="remote")
+    )
+    assert tracker.status.resumed_from == jobstatus.ResumedFrom(step=10, attempt=2, source="remote")
+    assert [(r.step, r.state) for r in tracker.status.history or []] == [
+        (10, "uploaded"),
+        (5, "uploaded"),
+    ]
+    again = checkpoint_status.resumed(before, jobstatus.ResumedFrom(step=5, source="local"))
+    assert again.status.history == before.status.history  # already recorded: kept as is

@@ -46,6 +46,22 @@ def continued(previous: jobstatus.CheckpointsStatus | None, *, upload_uri: str |
     return Tracker(status=kept, upload_uri=upload_uri)
 
 
+def resumed(tracker: Tracker, resumed_from: jobstatus.ResumedFrom) -> Tracker:
+    """Pure: the attempt restored `resumed_from`; that step is a committed
+    checkpoint even if the previous attempt died before reporting it."""
+    status = tracker.status
+    update: dict[str, object] = {"resumed_from": resumed_from}
+    if not any(r.step == resumed_from.step for r in status.history or []):
+        state: jobstatus.CheckpointState = (
+            "uploaded" if resumed_from.source == "remote" else "committed"
+        )
+        record = jobstatus.CheckpointRecord(
+            step=resumed_from.step, state=state, uri=resumed_from.uri
+        )
+        update["history"] = _record(status.history, record)
+    return dataclasses.replace(tracker, status=status.model_copy(update=update))
+
+
 def _record(
     history: list[jobstatus.CheckpointRecord] | None, record: jobstatus.CheckpointRecord
 ) -> list[jobstatus.CheckpointRecord]:

@@ -120,12 +120,7 @@ class StatusFeed:
 
     def on_resume(self, resumed: jobstatus.ResumedFrom) -> None:
         with self._lock:
-            status = self.tracker.status.model_copy(update={"resumed_from": resumed})
-            self.tracker = checkpoint_status.Tracker(
-                status=status,
-                stall_seconds=self.tracker.stall_seconds,
-                upload_uri=self.tracker.upload_uri,
-            )
+            self.tracker = checkpoint_status.resumed(self.tracker, resumed)
             self._push()
 
     def _push(self) -> None:
