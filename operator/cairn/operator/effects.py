@@ -37,6 +37,13 @@ class JobRef:
     namespace: str
     uid: str
 
+    @classmethod
+    def of(cls, raw: dict[str, Any]) -> "JobRef":
+        meta = raw.get("metadata", {})
+        return cls(
+            name=meta.get("name", ""), namespace=meta.get("namespace", ""), uid=meta.get("uid", "")
+        )
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Result:
@@ -116,38 +123,46 @@ def event_body(*, job: JobRef, event: plan.Event, now: datetime.datetime) -> dic
     }
 
 
+def patch_status(api: Any, job: JobRef, status: dict[str, Any]) -> dict[str, Any]:
+    """Merge-patch the job's /status as the operator; the job as the server left it."""
+    patched: dict[str, Any] = client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        trainingjob.GROUP,
+        trainingjob.VERSION,
+        job.namespace,
+        trainingjob.PLURAL,
+        job.name,
+        {"status": status},
+        field_manager=names.FIELD_MANAGER,
+        _content_type=MERGE_PATCH,
+    )
+    return patched
+
+
+def post_event(api: Any, job: JobRef, event: plan.Event, *, now: datetime.datetime) -> None:
+    """Post an Event about the job; best effort (a failure is logged)."""
+    try:
+        client.CoreV1Api(api).create_namespaced_event(
+            job.namespace, event_body(job=job, event=event, now=now)
+        )
+    except k8s_exceptions.ApiException as error:
+        LOG.warning(
+            "event %s on %s/%s not posted: %s", event.reason, job.namespace, job.name, error.reason
+        )
+
+
 def apply(
     *, api: Any, job: JobRef, todo: plan.Plan, now: Callable[[], datetime.datetime]
 ) -> Result:
     """Apply ``todo``; raises ApiException on anything but the tolerated codes."""
     patched: dict[str, Any] | None = None
     if todo.status is not None:
-        patched = client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-            trainingjob.GROUP,
-            trainingjob.VERSION,
-            job.namespace,
-            trainingjob.PLURAL,
-            job.name,
-            {"status": dict(todo.status)},
-            field_manager=names.FIELD_MANAGER,
-            _content_type=MERGE_PATCH,
-        )
+        patched = patch_status(api, job, dict(todo.status))
     for target in todo.deletes:
         _delete(api, target)
     for child in todo.creates:
         _create(api, child)
-    core = client.CoreV1Api(api)
     for event in todo.events:
-        try:
-            core.create_namespaced_event(job.namespace, event_body(job=job, event=event, now=now()))
-        except k8s_exceptions.ApiException as error:  # events are best effort
-            LOG.warning(
-                "event %s on %s/%s not posted: %s",
-                event.reason,
-                job.namespace,
-                job.name,
-                error.reason,
-            )
+        post_event(api, job, event, now=now())
     return Result(
         created=tuple(f"{c['kind']}/{c['metadata']['name']}" for c in todo.creates),
         deleted=tuple(f"{d.kind}/{d.name}" for d in todo.deletes),

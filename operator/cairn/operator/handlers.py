@@ -155,6 +155,12 @@ class _Written:
         self.body = None  # the watch caught up: it is the truth again
         return live
 
+    def record(self, planned_from: dict[str, Any], patched: dict[str, Any] | None) -> None:
+        """Our status patch of `planned_from` returned `patched` (None: no patch)."""
+        if patched is not None:
+            self.replaced = planned_from.get("metadata", {}).get("resourceVersion")
+            self.body = patched
+
 
 def _older(version: object, *, than: object) -> bool:
     """Whether resourceVersion `version` precedes `than`. The API server's are
@@ -180,11 +186,9 @@ async def reconcile_once(
     seen = tuple(sorted(pods.get((namespace, name), ()), key=lambda p: (p.attempt, p.rank)))
     todo = plan.plan(job=job, observed=observe.Observed(pods=seen), now=clock())
     if not todo.empty:
-        ref = effects.JobRef(name=name, namespace=namespace, uid=meta.get("uid", ""))
+        ref = effects.JobRef.of(raw)
         result = await asyncio.to_thread(effects.apply, api=api, job=ref, todo=todo, now=clock)
-        if result.patched_object is not None:
-            written.replaced = meta.get("resourceVersion")
-            written.body = result.patched_object
+        written.record(raw, result.patched_object)
         decision = todo.decision
         LOG.info(
             "reconciled %s/%s phase=%s created=%s deleted=%s",
@@ -292,9 +296,7 @@ async def storage_loop(
                         cache=cache,
                         now=clock,
                     )
-                    if result.patched_object is not None:
-                        written.replaced = raw.get("metadata", {}).get("resourceVersion")
-                        written.body = result.patched_object
+                    written.record(raw, result.patched_object)
                     if result.error is not None:
                         metrics.STORAGE_ERRORS.inc()
                     metrics.RETENTION_DELETED.inc(len(result.deleted))

@@ -284,8 +284,9 @@ def delete_keys(s3: S3Client, bucket: str, keys: Iterable[str]) -> int:
     interruption leaves at worst an abandoned partial.
     """
     ordered = list(keys)
-    manifests = [k for k in ordered if k.rsplit("/", 1)[-1] == manifest_mod.MANIFEST_NAME]
-    rest = [k for k in ordered if k not in set(manifests)]
+    is_manifest = [k.rsplit("/", 1)[-1] == manifest_mod.MANIFEST_NAME for k in ordered]
+    manifests = [k for k, first in zip(ordered, is_manifest, strict=True) if first]
+    rest = [k for k, first in zip(ordered, is_manifest, strict=True) if not first]
     for key in manifests:
         try:
             s3.delete_object(Bucket=bucket, Key=key)

@@ -14,11 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client import exceptions as k8s_exceptions
-
 from cairn.api import jobstatus, trainingjob
-from cairn.operator import effects, names, plan, remoteplan, s3store
+from cairn.operator import effects, plan, remoteplan, s3store
 
 LOG = logging.getLogger(__name__)
 
@@ -73,36 +70,8 @@ def plan_for(
 
 
 def post_event(api: Any, raw: dict[str, Any], notice: remoteplan.Notice) -> None:
-    meta = raw.get("metadata", {})
-    ref = effects.JobRef(
-        name=meta.get("name", ""), namespace=meta.get("namespace", ""), uid=meta.get("uid", "")
-    )
     event = plan.Event(type=notice.type, reason=notice.reason, message=notice.message)
-    body = effects.event_body(job=ref, event=event, now=datetime.datetime.now(datetime.UTC))
-    try:
-        client.CoreV1Api(api).create_namespaced_event(ref.namespace, body)
-    except k8s_exceptions.ApiException as error:  # events are best effort
-        LOG.warning("event %s on %s/%s not posted: %s", notice.reason, *_key(raw), error.reason)
-
-
-def _key(raw: dict[str, Any]) -> tuple[str, str]:
-    meta = raw.get("metadata", {})
-    return meta.get("namespace", ""), meta.get("name", "")
-
-
-def patch_storage(api: Any, raw: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    namespace, name = _key(raw)
-    result: dict[str, Any] = client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-        trainingjob.GROUP,
-        trainingjob.VERSION,
-        namespace,
-        trainingjob.PLURAL,
-        name,
-        {"status": {"storage": patch}},
-        field_manager=names.FIELD_MANAGER,
-        _content_type=effects.MERGE_PATCH,
-    )
-    return result
+    effects.post_event(api, effects.JobRef.of(raw), event, now=datetime.datetime.now(datetime.UTC))
 
 
 def storage_pass(
@@ -119,7 +88,8 @@ def storage_pass(
     if upload is None:
         raise ValueError("storage_pass needs spec.checkpoint.upload")
     status = _status(raw)
-    namespace, name = _key(raw)
+    ref = effects.JobRef.of(raw)
+    namespace, name = ref.namespace, ref.name
     target = s3store.Target.parse(upload.uri)
     result: remoteplan.RemotePlan | None = None
     deleted: tuple[int, ...] = ()
@@ -137,7 +107,7 @@ def storage_pass(
     patch, notices = remoteplan.storage_update(
         previous=status.storage, result=result, deleted=deleted, error=error, now=now()
     )
-    patched = patch_storage(api, raw, patch) if patch is not None else None
+    patched = effects.patch_status(api, ref, {"storage": patch}) if patch is not None else None
     for notice in notices:
         post_event(api, raw, notice)
     if deleted:
@@ -162,8 +132,7 @@ def cleanup(*, api: Any, raw: dict[str, Any], job: trainingjob.TrainingJob) -> i
     upload = job.spec.checkpoint.upload
     if upload is None:
         return 0
-    namespace, _ = _key(raw)
-    s3 = s3store.client_for(api, namespace, upload, job_uid=job.metadata.uid)
+    s3 = s3store.client_for(api, job.metadata.namespace, upload, job_uid=job.metadata.uid)
     target = s3store.Target.parse(upload.uri)
     count = s3store.delete_prefix(s3, target)
     count += s3store.delete_prefix(s3, target)
