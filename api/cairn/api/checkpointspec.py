@@ -53,6 +53,13 @@ class CheckpointVolume(schema.SpecModel):
         return self
 
 
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """Pure: ``s3://bucket/prefix`` as (bucket, key prefix without leading or
+    trailing slashes, '' for the bucket root)."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    return bucket, prefix.strip("/")
+
+
 def _default_volume() -> CheckpointVolume:
     return CheckpointVolume(empty_dir=EmptyDirSource())
 

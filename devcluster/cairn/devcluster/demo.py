@@ -26,6 +26,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from cairn.api import checkpointspec
 from cairn.devcluster import build, cluster, errors, processes
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -365,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         say("CRD trainingjobs.cairn.dev installed")
         manifest = yaml.safe_load(QUICKSTART.read_text())
         uri = manifest["spec"]["checkpoint"]["upload"]["uri"]
-        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        bucket, prefix = checkpointspec.split_s3_uri(uri)
         prepare_namespace(api_client=api_client, target=target, namespace=NAMESPACE, bucket=bucket)
         cleared = clear_prefix(target, bucket=bucket, prefix=prefix)
         if cleared:

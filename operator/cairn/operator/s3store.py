@@ -57,11 +57,10 @@ class Target:
 
     @classmethod
     def parse(cls, uri: str) -> Target:
-        rest = uri.removeprefix("s3://")
-        bucket, _, prefix = rest.partition("/")
-        if not bucket or rest == uri:
+        bucket, prefix = checkpointspec.split_s3_uri(uri)
+        if not bucket or not uri.startswith("s3://"):
             raise StoreError(f"not an s3:// URI: {uri!r}")
-        return cls(bucket=bucket, prefix=prefix.strip("/"))
+        return cls(bucket=bucket, prefix=prefix)
 
     @property
     def base(self) -> str:

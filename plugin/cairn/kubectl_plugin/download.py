@@ -21,7 +21,7 @@ import botocore.exceptions
 import pydantic
 from awscrt import checksums
 
-from cairn.api import manifest
+from cairn.api import checkpointspec, manifest
 from cairn.kubectl_plugin import kube, views
 
 CHUNK = 1 << 20
@@ -41,8 +41,7 @@ def source(job: dict[str, Any], *, step: int, endpoint: str | None) -> Source:
     upload = ((job.get("spec") or {}).get("checkpoint") or {}).get("upload")
     if not upload:
         raise kube.PluginError("the job has no spec.checkpoint.upload: nothing to download")
-    bucket, _, prefix = str(upload["uri"]).removeprefix("s3://").partition("/")
-    prefix = prefix.strip("/")
+    bucket, prefix = checkpointspec.split_s3_uri(str(upload["uri"]))
     name = manifest.step_dir_name(step)
     return Source(
         bucket=bucket,

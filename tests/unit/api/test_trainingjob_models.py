@@ -12,7 +12,7 @@ import pydantic
 import pytest
 import yaml
 
-from cairn.api import trainingjob
+from cairn.api import checkpointspec, trainingjob
 
 from . import malformed_cases
 
@@ -146,3 +146,16 @@ def test_status_accepts_what_the_writer_reports() -> None:
     assert status.checkpoints is not None
     assert status.checkpoints.last_committed is not None
     assert status.checkpoints.last_committed.step == 10
+
+
+@pytest.mark.parametrize(
+    ("uri", "split"),
+    [
+        ("s3://bucket/a/b", ("bucket", "a/b")),
+        ("s3://bucket/a/b/", ("bucket", "a/b")),
+        ("s3://bucket", ("bucket", "")),
+        ("s3://bucket/", ("bucket", "")),
+    ],
+)
+def test_split_s3_uri(uri: str, split: tuple[str, str]) -> None:
+    assert checkpointspec.split_s3_uri(uri) == split

@@ -11,7 +11,7 @@ import dataclasses
 import pathlib
 import typing
 
-from cairn.api import retention
+from cairn.api import checkpointspec, retention
 
 WriterKind = typing.Literal["thread"]
 
@@ -53,13 +53,12 @@ class S3Options:
 
     @property
     def bucket(self) -> str:
-        return self.uri[len("s3://") :].split("/", 1)[0]
+        return checkpointspec.split_s3_uri(self.uri)[0]
 
     @property
     def prefix(self) -> str:
         """Key prefix without leading or trailing slash ('' for the bucket root)."""
-        parts = self.uri[len("s3://") :].split("/", 1)
-        return parts[1].strip("/") if len(parts) > 1 else ""
+        return checkpointspec.split_s3_uri(self.uri)[1]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
