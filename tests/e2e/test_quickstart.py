@@ -14,7 +14,6 @@ import pathlib
 import uuid
 from typing import Any
 
-import boto3
 import pytest
 from awscrt import checksums
 from kubernetes import client
@@ -26,17 +25,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 FINAL_STEP = 40
 KEEP_LAST = 2
-
-
-def _s3(devcluster: Any) -> Any:
-    creds = devcluster.s3_credentials
-    return boto3.client(
-        "s3",
-        endpoint_url=devcluster.s3_endpoint,
-        aws_access_key_id=creds.access_key,
-        aws_secret_access_key=creds.secret_key,
-        region_name="us-east-1",
-    )
 
 
 def test_quickstart_survives_a_killed_rank(devcluster: Any, operator: Any) -> None:
@@ -69,7 +57,7 @@ def test_quickstart_survives_a_killed_rank(devcluster: Any, operator: Any) -> No
     assert 10 <= resumed < FINAL_STEP and resumed % 5 == 0
     assert any(r.phase == "Restarting" for r in rows)
 
-    s3 = _s3(devcluster)
+    s3 = devcluster.target.s3_client()
     listing = demo.s3_listing(target, bucket=bucket, prefix="quickstart")
     assert listing, "nothing uploaded"
     for folder, objects in listing.items():

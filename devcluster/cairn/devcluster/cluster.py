@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from cairn.devcluster import build, controlplane, errors, network, paths, pki, processes, s3
 
@@ -67,6 +68,19 @@ class Cluster:
 
     def s3_credentials(self) -> s3.S3Credentials:
         return s3.ensure_credentials(self.state.s3_data)
+
+    def s3_client(self) -> Any:
+        """A boto3 S3 client of this cluster's server, with its keys (from this host)."""
+        import boto3  # only the callers that talk to S3 pay for it
+
+        creds = self.s3_credentials()
+        return boto3.client(
+            "s3",
+            endpoint_url=self.s3_endpoint,
+            aws_access_key_id=creds.access_key,
+            aws_secret_access_key=creds.secret_key,
+            region_name="us-east-1",
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -134,8 +134,6 @@ def prepare_namespace(
     *, api_client: client.ApiClient, target: cluster.Cluster, namespace: str, bucket: str
 ) -> None:
     """Namespace, the S3 bucket, and the credentials Secret the job refers to."""
-    import boto3
-
     core = client.CoreV1Api(api_client)
     try:
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
@@ -143,13 +141,7 @@ def prepare_namespace(
         if exc.status != 409:
             raise
     creds = target.s3_credentials()
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=target.s3_endpoint,
-        aws_access_key_id=creds.access_key,
-        aws_secret_access_key=creds.secret_key,
-        region_name="us-east-1",
-    )
+    s3 = target.s3_client()
     existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
     if bucket not in existing:
         s3.create_bucket(Bucket=bucket)
@@ -306,16 +298,7 @@ def run_job(
 
 def clear_prefix(target: cluster.Cluster, *, bucket: str, prefix: str) -> int:
     """Delete what a previous demo run left under the prefix; the count deleted."""
-    import boto3
-
-    creds = target.s3_credentials()
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=target.s3_endpoint,
-        aws_access_key_id=creds.access_key,
-        aws_secret_access_key=creds.secret_key,
-        region_name="us-east-1",
-    )
+    s3 = target.s3_client()
     keys = [
         item["Key"]
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
@@ -330,16 +313,7 @@ def clear_prefix(target: cluster.Cluster, *, bucket: str, prefix: str) -> int:
 
 def s3_listing(target: cluster.Cluster, *, bucket: str, prefix: str) -> dict[str, list[str]]:
     """Step folder → object names under s3://bucket/prefix."""
-    import boto3
-
-    creds = target.s3_credentials()
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=target.s3_endpoint,
-        aws_access_key_id=creds.access_key,
-        aws_secret_access_key=creds.secret_key,
-        region_name="us-east-1",
-    )
+    s3 = target.s3_client()
     out: dict[str, list[str]] = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):

@@ -30,6 +30,7 @@ import prometheus_client
 from prometheus_client import core, registry
 
 from cairn.api import jobstatus
+from cairn.operator import observe
 
 LOG = logging.getLogger(__name__)
 DEFAULT_PORT = 9090
@@ -70,10 +71,7 @@ class JobFacts:
 
 def facts(body: Mapping[str, Any]) -> JobFacts:
     """The metric inputs of a TrainingJob body. Pure; tolerant of a malformed status."""
-    try:
-        status = jobstatus.TrainingJobStatus.model_validate(body.get("status") or {})
-    except ValueError:
-        status = jobstatus.TrainingJobStatus()
+    status = observe.parse_status(body)
     ckpts = status.checkpoints or jobstatus.CheckpointsStatus()
     committed, uploaded = ckpts.last_committed, ckpts.last_uploaded
     return JobFacts(

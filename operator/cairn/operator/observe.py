@@ -68,17 +68,21 @@ class Observed:
         return tuple(p for p in self.pods if p.attempt == attempt)
 
 
+def parse_status(body: Mapping[str, Any]) -> jobstatus.TrainingJobStatus:
+    """The job's status as the models see it; empty if it does not validate."""
+    try:
+        return jobstatus.TrainingJobStatus.model_validate(body.get("status") or {})
+    except pydantic.ValidationError:
+        return jobstatus.TrainingJobStatus()
+
+
 def parse_job(body: Mapping[str, Any]) -> trainingjob.TrainingJob | InvalidJob:
     """The job as the models see it, or why they refuse it."""
     try:
         return trainingjob.TrainingJob.model_validate(body)
     except pydantic.ValidationError as error:
         metadata = trainingjob.ObjectMeta.model_validate(body.get("metadata", {}))
-        try:
-            status = jobstatus.TrainingJobStatus.model_validate(body.get("status") or {})
-        except pydantic.ValidationError:
-            status = jobstatus.TrainingJobStatus()
-        return InvalidJob(metadata=metadata, status=status, error=_summarize(error))
+        return InvalidJob(metadata=metadata, status=parse_status(body), error=_summarize(error))
 
 
 def _summarize(error: pydantic.ValidationError) -> str:

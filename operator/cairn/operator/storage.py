@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cairn.api import jobstatus, trainingjob
-from cairn.operator import effects, plan, remoteplan, s3store
+from cairn.operator import effects, observe, plan, remoteplan, s3store
 
 LOG = logging.getLogger(__name__)
 
@@ -29,13 +29,6 @@ class PassResult:
     notices: tuple[remoteplan.Notice, ...]
     patched_object: dict[str, Any] | None = None
     """The job as the status patch returned it (fresher than a watch cache)."""
-
-
-def _status(raw: dict[str, Any]) -> jobstatus.TrainingJobStatus:
-    try:
-        return jobstatus.TrainingJobStatus.model_validate(raw.get("status") or {})
-    except ValueError:
-        return jobstatus.TrainingJobStatus()
 
 
 def protected_steps(job: trainingjob.TrainingJob, status: jobstatus.TrainingJobStatus) -> set[int]:
@@ -87,7 +80,7 @@ def storage_pass(
     upload = job.spec.checkpoint.upload
     if upload is None:
         raise ValueError("storage_pass needs spec.checkpoint.upload")
-    status = _status(raw)
+    status = observe.parse_status(raw)
     ref = effects.JobRef.of(raw)
     namespace, name = ref.namespace, ref.name
     target = s3store.Target.parse(upload.uri)

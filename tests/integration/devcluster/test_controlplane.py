@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -208,14 +207,7 @@ def test_rbac_with_token_request(devcluster: Any, namespace: str) -> None:
 
 def test_s3_multipart_upload_with_crc32c(devcluster: Any) -> None:
     devcluster.require_devcluster()
-    creds = devcluster.s3_credentials
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=devcluster.s3_endpoint,
-        aws_access_key_id=creds.access_key,
-        aws_secret_access_key=creds.secret_key,
-        region_name="us-east-1",
-    )
+    s3 = devcluster.target.s3_client()
     bucket = f"multipart-{uuid.uuid4().hex[:10]}"
     s3.create_bucket(Bucket=bucket)
     part = 5 * 1024 * 1024

@@ -103,9 +103,9 @@ def test_cleared_fields_are_gone_on_the_server(
     assert status["step"] == 10
     assert status["phase"] == "Suspended"
     # What a next attempt's writer reads back through the API to go on from.
-    read = status_reporter.kubernetes_checkpoints_reader(
+    read = status_reporter.read_checkpoints(
         api_client=devcluster.api_client, namespace=namespace, name="reported"
-    )()
+    )
     assert read is not None
     assert [(r.step, r.state) for r in read.history or []] == [(10, "committed"), (5, "rotated")]
     assert read.last_committed is not None and read.last_committed.step == 10

@@ -107,7 +107,7 @@ def _blocked(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.dat
     update: dict[str, object] = {}
     if committed is not None and committed.step == step and committed.stall_seconds is None:
         update["last_committed"] = committed.model_copy(update={"stall_seconds": event.seconds})
-    if step not in tracker.ended and not any(f.step == step for f in status.in_flight or []):
+    if not any(f.step == step for f in status.in_flight or []):  # never a step back
         update["in_flight"] = _advanced(tracker, step, "staging", now=now)
     return dataclasses.replace(
         tracker,

@@ -95,9 +95,9 @@ class StatusFeed:
 
             config.load_incluster_config()
             api_client = client.ApiClient()
-            previous = status_reporter.kubernetes_checkpoints_reader(
+            previous = status_reporter.read_checkpoints(
                 api_client=api_client, namespace=cfg.namespace, name=cfg.job_name
-            )()
+            )
             self.tracker = checkpoint_status.continued(previous, upload_uri=self.tracker.upload_uri)
             self.reporter = status_reporter.StatusReporter(
                 patch=status_reporter.kubernetes_patcher(

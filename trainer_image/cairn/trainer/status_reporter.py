@@ -111,28 +111,23 @@ def kubernetes_patcher(*, api_client: Any, namespace: str, name: str) -> PatchFn
     return patch
 
 
-def kubernetes_checkpoints_reader(
+def read_checkpoints(
     *, api_client: Any, namespace: str, name: str
-) -> Callable[[], jobstatus.CheckpointsStatus | None]:
-    """Reads the job's `status.checkpoints` (the job's Role may `get` its /status);
+) -> jobstatus.CheckpointsStatus | None:
+    """The job's `status.checkpoints` (the job's Role may `get` its /status);
     None when there is none yet, or the API cannot be read (logged)."""
     from kubernetes import client
 
-    custom = client.CustomObjectsApi(api_client)
     group, version = trainingjob.API_VERSION.split("/")
-
-    def read() -> jobstatus.CheckpointsStatus | None:
-        try:
-            job = custom.get_namespaced_custom_object_status(
-                group, version, namespace, trainingjob.PLURAL, name, _request_timeout=10
-            )
-            raw = (job.get("status") or {}).get("checkpoints")
-            return None if raw is None else jobstatus.CheckpointsStatus.model_validate(raw)
-        except Exception as exc:  # reporting starts afresh; training goes on
-            log.warning("could not read the previous checkpoint status: %s", exc)
-            return None
-
-    return read
+    try:
+        job = client.CustomObjectsApi(api_client).get_namespaced_custom_object_status(
+            group, version, namespace, trainingjob.PLURAL, name, _request_timeout=10
+        )
+        raw = (job.get("status") or {}).get("checkpoints")
+        return None if raw is None else jobstatus.CheckpointsStatus.model_validate(raw)
+    except Exception as exc:  # reporting starts afresh; training goes on
+        log.warning("could not read the previous checkpoint status: %s", exc)
+        return None
 
 
 class StatusReporter:
