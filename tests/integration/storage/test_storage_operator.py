@@ -82,6 +82,22 @@ def namespace(devcluster: DevclusterHandle) -> Iterator[str]:
         yield name
 
 
+def _suspended_job(name: str, *, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A suspended one-node job (no pods): only its S3 side is exercised."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "suspend": True,
+            "nodes": 1,
+            "image": "cairn-trainer:dev",
+            "command": ["python", "-c", "pass"],
+            "checkpoint": checkpoint,
+        },
+    }
+
+
 def test_verify_retain_and_delete(
     devcluster: DevclusterHandle,
     operator: OperatorProcess,
@@ -141,27 +157,19 @@ def _run(
         ),
     )
     custom = client.CustomObjectsApi(devcluster.api_client)
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainingJob",
-        "metadata": {"name": "keep"},
-        "spec": {
-            "suspend": True,
-            "nodes": 1,
-            "image": "cairn-trainer:dev",
-            "command": ["python", "-c", "pass"],
-            "checkpoint": {
-                "intervalSteps": 5,
-                "upload": {
-                    "uri": f"s3://{bucket}/{prefix}",
-                    "endpoint": devcluster.s3_pod_endpoint,
-                    "credentialsSecretRef": {"name": SECRET},
-                },
-                "retention": {"remote": {"keepLast": 1}},
-                "onDelete": "Delete",
+    body = _suspended_job(
+        "keep",
+        checkpoint={
+            "intervalSteps": 5,
+            "upload": {
+                "uri": f"s3://{bucket}/{prefix}",
+                "endpoint": devcluster.s3_pod_endpoint,
+                "credentialsSecretRef": {"name": SECRET},
             },
+            "retention": {"remote": {"keepLast": 1}},
+            "onDelete": "Delete",
         },
-    }
+    )
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
 
     def status() -> dict[str, Any]:
@@ -250,25 +258,17 @@ def test_cleanup_that_keeps_failing_does_not_wedge_deletion(
     """onDelete: Delete with a credentials Secret that does not exist: every
     cleanup attempt fails, then CleanupFailed (Warning) and the job is gone."""
     custom = client.CustomObjectsApi(devcluster.api_client)
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainingJob",
-        "metadata": {"name": "wedge"},
-        "spec": {
-            "suspend": True,
-            "nodes": 1,
-            "image": "cairn-trainer:dev",
-            "command": ["python", "-c", "pass"],
-            "checkpoint": {
-                "upload": {
-                    "uri": "s3://nowhere/job",
-                    "endpoint": devcluster.s3_pod_endpoint,
-                    "credentialsSecretRef": {"name": "missing"},
-                },
-                "onDelete": "Delete",
+    body = _suspended_job(
+        "wedge",
+        checkpoint={
+            "upload": {
+                "uri": "s3://nowhere/job",
+                "endpoint": devcluster.s3_pod_endpoint,
+                "credentialsSecretRef": {"name": "missing"},
             },
+            "onDelete": "Delete",
         },
-    }
+    )
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     kh.wait_for(
         lambda: (
