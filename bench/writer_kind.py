@@ -88,7 +88,7 @@ def rank_main(cfg: dict[str, typing.Any]) -> None:
     work = pathlib.Path(cfg["workdir"])
     trainer = Trainer(cfg)
     trainer.step()
-    # Saves never share the training group (FIELD-NOTES: a deadlock otherwise).
+    # Saves never share the training group (a deadlock otherwise: docs/architecture.md, "Write").
     group = dist.new_group(backend="gloo")
     assert isinstance(group, dist.ProcessGroup)
     objects: dict[str, state.Stateful] = {

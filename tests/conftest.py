@@ -86,7 +86,7 @@ class OperatorProcess:
         self.started_here = False
 
     def ensure_running(self) -> None:
-        from cairn.devcluster import demo
+        from tests import demo
 
         if not demo.operator_running(self.target):
             demo.start_operator(self.target)
@@ -95,7 +95,7 @@ class OperatorProcess:
 
 @pytest.fixture(scope="session")
 def operator_process(devcluster: DevclusterHandle) -> Iterator[OperatorProcess]:
-    from cairn.devcluster import demo
+    from tests import demo
 
     demo.install_crd(devcluster.api_client)
     handle = OperatorProcess(devcluster.target)

@@ -1,8 +1,8 @@
 """End to end: the quickstart job on the devcluster, through a killed rank.
 
 Covers, with the real operator process, real pods (the node agent), the
-reference FSDP2 trainer and the real S3 server: `examples/quickstart.yaml`
-reaches Succeeded after rank 1 is SIGKILLed mid-run; the gang restarted once
+reference FSDP2 trainer and the real S3 server, in a namespace that enforces
+the restricted Pod Security Standard: `examples/quickstart.yaml` reaches Succeeded after rank 1 is SIGKILLed mid-run; the gang restarted once
 (`restarts` = 1) and attempt 2 resumed from a committed step (status
 `resumedFrom`), never from a partial; status shows lastCommitted and
 lastUploaded at the final step; every step folder in S3 has a manifest whose
@@ -19,7 +19,7 @@ from awscrt import checksums
 from kubernetes import client
 
 from cairn.api import manifest, trainingjob
-from cairn.devcluster import demo
+from tests import demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -34,6 +34,9 @@ def test_quickstart_survives_a_killed_rank(devcluster: Any, operator: Any) -> No
     demo.prepare_namespace(
         api_client=devcluster.api_client, target=target, namespace=namespace, bucket=bucket
     )
+    core = client.CoreV1Api(devcluster.api_client)
+    labels = core.read_namespace(namespace).metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
     body = demo.quickstart_manifest(target, name="quickstart")
     body["spec"]["checkpoint"]["upload"]["uri"] = f"s3://{bucket}/quickstart"
     rows: list[demo.Row] = []
@@ -66,14 +69,13 @@ def test_quickstart_survives_a_killed_rank(devcluster: Any, operator: Any) -> No
         parsed = manifest.parse_manifest(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
         assert parsed.step == int(folder.removeprefix("step-"))
         for entry in parsed.files:
-            body = s3.get_object(Bucket=bucket, Key=f"quickstart/{folder}/{entry.path}")[
-                "Body"
-            ].read()
+            body = s3.get_object(
+                Bucket=bucket, Key=f"quickstart/{folder}/{parsed.data_key(entry.path)}"
+            )["Body"].read()
             assert len(body) == entry.size
             assert f"{checksums.crc32c(body):08x}" == entry.crc32c
     assert f"step-{FINAL_STEP:09d}" in listing
 
-    core = client.CoreV1Api(devcluster.api_client)
     pods = core.list_namespaced_pod(namespace, label_selector="cairn.dev/job-name=quickstart")
     rank0 = [p for p in pods.items if p.metadata.labels["cairn.dev/rank"] == "0"]
     assert rank0, "the finished pods are kept (cleanup policy Keep)"

@@ -36,7 +36,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from cairn.api import manifest
-from cairn.devcluster import demo
+from tests import demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(720)]
 

@@ -1,10 +1,13 @@
 """The Dockerfile's build context is complete, without a Docker engine.
 
 Covers: both targets exist; every COPY source exists in the repository and is
-not excluded by .dockerignore; the base image is pinned to a version; each
-target runs as a non-root user; the operator target installs no torch (its
-extra has none) and its entrypoint module exists, as does the trainer's
-launcher (torchrun ships with torch).
+not excluded by .dockerignore; the wheel stage copies every source root of the
+product distribution (pyproject's package-dir) and no devcluster, which
+.dockerignore also keeps out of the build context; every install goes through
+requirements.lock; the base image is pinned to a version; each target runs as
+a non-root user; the operator target installs no torch (its extra has none)
+and its entrypoint module exists, as does the trainer's launcher (torchrun
+ships with torch). tests/images checks the built operator image itself.
 """
 
 import pathlib
@@ -49,6 +52,27 @@ def test_copy_sources_exist_and_are_not_ignored() -> None:
     for src in sources:
         assert (ROOT / src).exists(), f"COPY source missing: {src}"
         assert not any(src == pattern or src.startswith(pattern + "/") for pattern in ignored)
+
+
+def test_wheel_stage_copies_every_source_root_and_no_devcluster() -> None:
+    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ]
+    roots = {directory.split("/", 1)[0] for directory in package_dir.values()}
+    copied = {
+        line.split()[1] for line in _stages()["wheel"].splitlines() if line.startswith("COPY ")
+    }
+    assert roots <= copied, f"COPY missing in the wheel stage: {sorted(roots - copied)}"
+    assert "devcluster" not in DOCKERFILE.replace("the devcluster is not", "")
+    assert "devcluster" in (ROOT / ".dockerignore").read_text().split()
+
+
+def test_every_install_uses_the_lock() -> None:
+    installs = [line for line in DOCKERFILE.splitlines() if "pip install" in line]
+    assert len(installs) == 3  # uv itself (hashes), then one virtualenv per target
+    uv, *targets = installs
+    assert "--require-hashes" in uv and "scripts/uv.txt" in uv
+    assert all("-c requirements.lock" in line for line in targets)
 
 
 def test_base_image_pinned() -> None:

@@ -15,20 +15,38 @@ from cairn.api import schema
 
 AsyncMode = Literal["pinned", "thread", "off"]
 OnDelete = Literal["Retain", "Delete"]
+UploadOnFailure = Literal["Continue", "Fail"]
 
 
 class PersistentVolumeClaimSource(schema.SpecModel):
     """A PVC shared by all ranks (ReadWriteMany for nodes > 1)."""
 
-    claim_name: str = pydantic.Field(min_length=1, max_length=253)
-    sub_path: str | None = pydantic.Field(default=None, max_length=256)
+    claim_name: str = pydantic.Field(
+        min_length=1, max_length=253, description="A PersistentVolumeClaim in the job's namespace."
+    )
+    sub_path: str | None = pydantic.Field(
+        default=None, max_length=256, description="A folder inside the volume to mount instead."
+    )
 
 
 class EmptyDirSource(schema.SpecModel):
     """Node-local scratch; S3 upload is the durable tier."""
 
-    medium: Literal["", "Memory"] | None = None
-    size_limit: schema.Quantity | None = None
+    medium: Literal["", "Memory"] | None = pydantic.Field(
+        default=None, description='"" (node disk) or Memory (tmpfs, counts as memory).'
+    )
+    size_limit: schema.Quantity | None = pydantic.Field(
+        default=None,
+        description="The kubelet evicts a pod whose folder outgrows this (counted restart).",
+        json_schema_extra=schema.cel(
+            (schema.quantity_rule("self"), "sizeLimit must be a non-negative quantity")
+        ),
+    )
+
+    @pydantic.field_validator("size_limit")
+    @classmethod
+    def _size_limit(cls, value: schema.Quantity | None) -> schema.Quantity | None:
+        return None if value is None else schema.check_quantity(value, "sizeLimit")
 
 
 class CheckpointVolume(schema.SpecModel):
@@ -58,6 +76,43 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     trailing slashes, '' for the bucket root)."""
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     return bucket, prefix.strip("/")
+
+
+SYSTEM_DIRECTORIES: tuple[str, ...] = (
+    "bin",
+    "boot",
+    "dev",
+    "etc",
+    "lib",
+    "lib32",
+    "lib64",
+    "proc",
+    "run",
+    "sbin",
+    "sys",
+    "usr",
+    "var/run",
+)
+"""Mounting over these (or below them) hides what the pod needs to run."""
+_DOTDOT = "(^|/)[.][.](/|$)"
+_SYSTEM = f"^/+({'|'.join(SYSTEM_DIRECTORIES)})(/.*)?$"
+MOUNT_PATH_RULES: tuple[tuple[str, str], ...] = (
+    (f"!self.matches('{_DOTDOT}')", "mountPath must not contain '..'"),
+    ("!self.matches('^/+$')", "mountPath must not be /"),
+    (f"!self.matches('{_SYSTEM}')", "mountPath must not be a system directory or below one"),
+)
+
+
+def mount_path_error(path: str) -> str | None:
+    """Pure twin of MOUNT_PATH_RULES: the first rule ``path`` breaks, or None."""
+    for pattern, message in (
+        (_DOTDOT, MOUNT_PATH_RULES[0][1]),
+        ("^/+$", MOUNT_PATH_RULES[1][1]),
+        (_SYSTEM, MOUNT_PATH_RULES[2][1]),
+    ):
+        if re.search(pattern, path):
+            return message
+    return None
 
 
 def _default_volume() -> CheckpointVolume:
@@ -93,13 +148,17 @@ class LocalRetention(schema.SpecModel):
 class RemoteRetention(schema.SpecModel):
     """Retention in S3 (applied by the operator); unset fields keep everything."""
 
-    keep_last: int | None = pydantic.Field(default=None, ge=1, le=100000)
+    keep_last: int | None = pydantic.Field(
+        default=None, ge=1, le=100000, description="Newest committed steps kept in S3."
+    )
     keep_every: int | None = pydantic.Field(
         default=None, ge=1, description="Keep every step that is a multiple of this (milestones)."
     )
 
 
 class Retention(schema.SpecModel):
+    """Which committed steps are kept, on the volume and in S3."""
+
     local: LocalRetention = pydantic.Field(
         default_factory=LocalRetention, json_schema_extra=schema.object_default(LocalRetention)
     )
@@ -109,9 +168,13 @@ class Retention(schema.SpecModel):
 class SecretRef(schema.SpecModel):
     """A Secret in the job's namespace; its values reach pods via secretKeyRef only."""
 
-    name: str = pydantic.Field(min_length=1, max_length=253)
-    access_key_id_key: str = pydantic.Field(default="AWS_ACCESS_KEY_ID", max_length=253)
-    secret_access_key_key: str = pydantic.Field(default="AWS_SECRET_ACCESS_KEY", max_length=253)
+    name: str = pydantic.Field(min_length=1, max_length=253, description="The Secret's name.")
+    access_key_id_key: str = pydantic.Field(
+        default="AWS_ACCESS_KEY_ID", max_length=253, description="Key of the access key id."
+    )
+    secret_access_key_key: str = pydantic.Field(
+        default="AWS_SECRET_ACCESS_KEY", max_length=253, description="Key of the secret key."
+    )
 
 
 class UploadSpec(schema.SpecModel):
@@ -133,9 +196,21 @@ class UploadSpec(schema.SpecModel):
             (f"self.matches('{schema.ENDPOINT_PATTERN}')", "endpoint must be an http(s) URL"),
         ),
     )
-    region: str | None = pydantic.Field(default=None, max_length=64)
+    region: str | None = pydantic.Field(default=None, max_length=64, description="S3 region.")
     credentials_secret_ref: SecretRef | None = None
-    concurrency: int = pydantic.Field(default=8, ge=1, le=64)
+    concurrency: int = pydantic.Field(
+        default=8, ge=1, le=64, description="Parallel part uploads per rank."
+    )
+    on_failure: UploadOnFailure = pydantic.Field(
+        default="Continue",
+        description=(
+            "What an upload failure does. Continue: training goes on, the step stays "
+            "committed locally and is uploaded later (next saves with backoff, start-up); "
+            "the job shows UploadFailing with the error; local retention keeps steps that "
+            "are not uploaded and reports when that exceeds its budget. Fail: the trainer "
+            "stops with the error."
+        ),
+    )
 
     @pydantic.field_validator("uri")
     @classmethod
@@ -178,7 +253,8 @@ class Resume(schema.SpecModel):
     uri: str | None = pydantic.Field(
         default=None,
         max_length=1024,
-        description="A committed step folder in S3.",
+        description="An S3 step folder to import: a Cairn step (manifest.json) or a plain DCP "
+        "checkpoint (TorchTitan, dcp.save); read with the upload endpoint and credentials.",
         json_schema_extra=schema.cel(
             (f"self.matches('{schema.S3_URI_PATTERN}')", "uri must look like s3://bucket/prefix"),
         ),
@@ -220,17 +296,32 @@ class CheckpointSpec(schema.SpecModel):
         )
     )
 
-    interval_steps: int | None = pydantic.Field(default=None, ge=1)
-    interval_seconds: int | None = pydantic.Field(default=None, ge=1)
+    interval_steps: int | None = pydantic.Field(
+        default=None, ge=1, description="Checkpoint every this many steps."
+    )
+    interval_seconds: int | None = pydantic.Field(
+        default=None, ge=1, description="Checkpoint at the first step this long after the last."
+    )
     mount_path: str = pydantic.Field(
-        default="/checkpoints", max_length=256, pattern=schema.ABS_PATH_PATTERN
+        default="/checkpoints",
+        max_length=256,
+        pattern=schema.ABS_PATH_PATTERN,
+        description="Where the volume is mounted in the pods: absolute, no '..', "
+        "not / or a system directory.",
+        json_schema_extra=schema.cel(*MOUNT_PATH_RULES),
     )
     volume: CheckpointVolume = pydantic.Field(
         default_factory=_default_volume, json_schema_extra={"default": {"emptyDir": {}}}
     )
-    async_mode: AsyncMode = "pinned"
+    async_mode: AsyncMode = pydantic.Field(
+        default="pinned",
+        description="pinned: stage to host buffers, write in the background; thread: "
+        "background thread; off: synchronous.",
+    )
     retention: Retention = pydantic.Field(
-        default_factory=Retention, json_schema_extra=schema.object_default(Retention)
+        default_factory=Retention,
+        description="Which committed steps are kept, on the volume and in S3.",
+        json_schema_extra=schema.object_default(Retention),
     )
     upload: UploadSpec | None = None
     resume: Resume = pydantic.Field(
@@ -250,6 +341,21 @@ class CheckpointSpec(schema.SpecModel):
         ge=1,
         description="CheckpointStale after this long without a commit while running.",
     )
+    status_interval_seconds: int = pydantic.Field(
+        default=30,
+        ge=1,
+        le=3600,
+        description="Rank 0 reports status.step at most this often; checkpoint facts "
+        "(commits, uploads, errors) are reported when they change.",
+    )
+
+    @pydantic.field_validator("mount_path")
+    @classmethod
+    def _mount_path(cls, value: str) -> str:
+        error = mount_path_error(value)
+        if error is not None:
+            raise ValueError(error)
+        return value
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> Self:

@@ -87,6 +87,10 @@ def _convert(node: Schema, defs: dict[str, Schema]) -> Schema:
         if types == {"integer", "string"}:
             rest = _convert(node, defs)
             rest["x-kubernetes-int-or-string"] = True
+            # The string branch's bound keeps CEL rules on quantities within budget.
+            lengths = [o["maxLength"] for o in options if "maxLength" in o]
+            if lengths:
+                rest["maxLength"] = max(lengths)
             return rest
         raise ValueError(f"unsupported union in schema: {options}")
     out: Schema = {}

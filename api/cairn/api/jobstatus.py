@@ -56,52 +56,109 @@ class _StatusModel(pydantic.BaseModel):
 class Condition(_StatusModel):
     """metav1.Condition."""
 
-    type: str = pydantic.Field(max_length=316)
-    status: ConditionStatus
-    observed_generation: int | None = pydantic.Field(default=None, ge=0)
-    last_transition_time: datetime.datetime
-    reason: str = pydantic.Field(max_length=1024)
-    message: str = pydantic.Field(default="", max_length=32768)
+    type: str = pydantic.Field(max_length=316, description="e.g. Ready, Failed, PodsNotStarting.")
+    status: ConditionStatus = pydantic.Field(description="True, False or Unknown.")
+    observed_generation: int | None = pydantic.Field(
+        default=None, ge=0, description="The spec generation the condition was computed for."
+    )
+    last_transition_time: datetime.datetime = pydantic.Field(
+        description="When the status last changed."
+    )
+    reason: str = pydantic.Field(max_length=1024, description="CamelCase cause.")
+    message: str = pydantic.Field(default="", max_length=32768, description="For humans.")
+
+
+_STEP = "The training step."
+_BYTES = "Size of the step's files."
 
 
 class CommittedCheckpoint(_StatusModel):
-    step: int = pydantic.Field(ge=0)
-    time: datetime.datetime | None = None
-    bytes: int | None = pydantic.Field(default=None, ge=0, json_schema_extra={"format": "int64"})
-    write_seconds: float | None = pydantic.Field(default=None, ge=0)
-    stall_seconds: float | None = pydantic.Field(default=None, ge=0)
+    """The newest step whose manifest is written on the volume."""
+
+    step: int = pydantic.Field(ge=0, description=_STEP)
+    time: datetime.datetime | None = pydantic.Field(default=None, description="Commit time.")
+    bytes: int | None = pydantic.Field(
+        default=None, ge=0, description=_BYTES, json_schema_extra={"format": "int64"}
+    )
+    write_seconds: float | None = pydantic.Field(
+        default=None, ge=0, description="Background write time."
+    )
+    stall_seconds: float | None = pydantic.Field(
+        default=None, ge=0, description="Time training was blocked by the save."
+    )
 
 
 class UploadedCheckpoint(_StatusModel):
-    step: int = pydantic.Field(ge=0)
-    uri: str | None = pydantic.Field(default=None, max_length=1024)
-    time: datetime.datetime | None = None
-    bytes: int | None = pydantic.Field(default=None, ge=0, json_schema_extra={"format": "int64"})
-    verified: bool = False
+    """The newest step whose manifest is in S3."""
+
+    step: int = pydantic.Field(ge=0, description=_STEP)
+    uri: str | None = pydantic.Field(default=None, max_length=1024, description="Its S3 folder.")
+    time: datetime.datetime | None = pydantic.Field(default=None, description="Upload time.")
+    bytes: int | None = pydantic.Field(
+        default=None, ge=0, description=_BYTES, json_schema_extra={"format": "int64"}
+    )
+    verified: bool = pydantic.Field(
+        default=False, description="Writer's claim; the operator's check is storage.verifiedStep."
+    )
 
 
 class InFlightCheckpoint(_StatusModel):
-    step: int = pydantic.Field(ge=0)
-    stage: InFlightStage
-    since: datetime.datetime | None = None
+    """A step still being saved."""
+
+    step: int = pydantic.Field(ge=0, description=_STEP)
+    stage: InFlightStage = pydantic.Field(description="staging, writing, committing, uploading.")
+    since: datetime.datetime | None = pydantic.Field(default=None, description="Stage start.")
 
 
 class CheckpointRecord(_StatusModel):
-    step: int = pydantic.Field(ge=0)
-    state: CheckpointState
-    time: datetime.datetime | None = None
-    bytes: int | None = pydantic.Field(default=None, ge=0, json_schema_extra={"format": "int64"})
-    uri: str | None = pydantic.Field(default=None, max_length=1024)
-    message: str | None = pydantic.Field(default=None, max_length=1024)
+    """One step's place in the lifecycle."""
+
+    step: int = pydantic.Field(ge=0, description=_STEP)
+    state: CheckpointState = pydantic.Field(
+        description="committed, uploaded, verified, rotated or corrupt."
+    )
+    time: datetime.datetime | None = pydantic.Field(default=None, description="State change.")
+    bytes: int | None = pydantic.Field(
+        default=None, ge=0, description=_BYTES, json_schema_extra={"format": "int64"}
+    )
+    uri: str | None = pydantic.Field(default=None, max_length=1024, description="S3 folder.")
+    message: str | None = pydantic.Field(default=None, max_length=1024, description="Detail.")
 
 
 class ResumedFrom(_StatusModel):
-    step: int = pydantic.Field(ge=0)
-    attempt: int | None = pydantic.Field(default=None, ge=1)
-    source: Literal["local", "remote"] | None = None
-    uri: str | None = pydantic.Field(default=None, max_length=1024)
+    """The step the current lineage was loaded from."""
+
+    step: int = pydantic.Field(ge=0, description=_STEP)
+    attempt: int | None = pydantic.Field(default=None, ge=1, description="The attempt that loaded.")
+    source: Literal["local", "remote"] | None = pydantic.Field(
+        default=None, description="local (volume) or remote (S3)."
+    )
+    uri: str | None = pydantic.Field(default=None, max_length=1024, description="Where from.")
     fell_back_from: int | None = pydantic.Field(
         default=None, ge=0, description="A newer step that failed verification."
+    )
+    imported: bool | None = pydantic.Field(
+        default=None,
+        description="True: a checkpoint this job did not write (resume.uri, a plain DCP "
+        "folder, another job's step), loaded by the documented key-mapping rule.",
+    )
+
+
+class UploadError(_StatusModel):
+    """Uploads are failing; training goes on and the steps wait in a backlog."""
+
+    message: str = pydantic.Field(max_length=1024, description="The last upload error.")
+    time: datetime.datetime | None = pydantic.Field(default=None, description="When it failed.")
+    step: int | None = pydantic.Field(default=None, ge=0, description="The step that failed.")
+    backlog: list[int] | None = pydantic.Field(
+        default=None,
+        max_length=64,
+        description="Committed steps waiting for upload (retried at later saves).",
+    )
+    retention: str | None = pydantic.Field(
+        default=None,
+        max_length=1024,
+        description="Set when the backlog keeps more steps than local retention allows.",
     )
 
 
@@ -111,26 +168,63 @@ HISTORY_LIMIT = 32
 class CheckpointsStatus(_StatusModel):
     """Facts reported by the writer on rank 0 (the operator never writes these)."""
 
-    last_committed: CommittedCheckpoint | None = None
-    last_uploaded: UploadedCheckpoint | None = None
-    in_flight: list[InFlightCheckpoint] | None = pydantic.Field(default=None, max_length=8)
-    history: list[CheckpointRecord] | None = pydantic.Field(default=None, max_length=HISTORY_LIMIT)
-    resumed_from: ResumedFrom | None = None
+    last_committed: CommittedCheckpoint | None = pydantic.Field(
+        default=None, description="The newest committed step."
+    )
+    last_uploaded: UploadedCheckpoint | None = pydantic.Field(
+        default=None, description="The newest uploaded step."
+    )
+    in_flight: list[InFlightCheckpoint] | None = pydantic.Field(
+        default=None, max_length=8, description="Steps being saved."
+    )
+    history: list[CheckpointRecord] | None = pydantic.Field(
+        default=None, max_length=HISTORY_LIMIT, description="Recent steps, newest last."
+    )
+    resumed_from: ResumedFrom | None = pydantic.Field(
+        default=None, description="What this lineage resumed from."
+    )
+    upload_error: UploadError | None = pydantic.Field(
+        default=None, description="Set while uploads fail (upload.onFailure: Continue)."
+    )
 
 
 class LastFailure(_StatusModel):
     """Why the most recent attempt ended (operator-owned)."""
 
-    attempt: int = pydantic.Field(ge=1)
-    time: datetime.datetime
-    reason: str = pydantic.Field(max_length=128)
-    message: str = pydantic.Field(default="", max_length=4096)
-    rank: int | None = pydantic.Field(default=None, ge=0)
-    exit_code: int | None = None
-    counted: bool = True
+    attempt: int = pydantic.Field(ge=1, description="The attempt that ended.")
+    time: datetime.datetime = pydantic.Field(description="When the operator saw it end.")
+    reason: str = pydantic.Field(
+        max_length=128, description="e.g. RankFailed, Preempted, ConfigurationError."
+    )
+    message: str = pydantic.Field(
+        default="", max_length=4096, description="What happened (a rank's termination message)."
+    )
+    rank: int | None = pydantic.Field(default=None, ge=0, description="The root-cause rank.")
+    exit_code: int | None = pydantic.Field(default=None, description="Its trainer's exit code.")
+    counted: bool = pydantic.Field(
+        default=True, description="Whether it counted against restartPolicy.maxRestarts."
+    )
+    backoff_seconds: int | None = pydantic.Field(
+        default=None, ge=0, description="The wait before the next attempt."
+    )
 
 
 REMOTE_STEPS_LIMIT = 256
+
+
+class PrefixClaimStatus(_StatusModel):
+    """Whether the operator may work under the job's S3 prefix (operator-owned)."""
+
+    owned: bool = pydantic.Field(
+        description="true: the prefix's owner object names this job's UID; the operator "
+        "verifies, applies retention and onDelete there. false: it does none of these."
+    )
+    reason: str = pydantic.Field(
+        max_length=128,
+        description="PrefixOwned, PrefixOwnedByAnotherJob, OperatorIdentityNotAllowed, "
+        "EndpointNotAllowed, OwnerUnreadable or ClaimFailed.",
+    )
+    message: str = pydantic.Field(default="", max_length=1024, description="Why, for humans.")
 
 
 class StorageStatus(_StatusModel):
@@ -143,7 +237,9 @@ class StorageStatus(_StatusModel):
     verified_step: int | None = pydantic.Field(
         default=None, ge=0, description="Newest step whose objects match its manifest."
     )
-    verified_time: datetime.datetime | None = None
+    verified_time: datetime.datetime | None = pydantic.Field(
+        default=None, description="When verifiedStep was last checked."
+    )
     verified_by: Literal["crc32c", "size"] | None = pydantic.Field(
         default=None,
         description="crc32c: the store's full-object CRC32C matched; size: sizes only.",
@@ -158,28 +254,71 @@ class StorageStatus(_StatusModel):
         max_length=REMOTE_STEPS_LIMIT,
         description="Steps with a manifest whose objects do not match it.",
     )
-    last_retention_time: datetime.datetime | None = None
-    last_error: str | None = pydantic.Field(default=None, max_length=1024)
+    last_retention_time: datetime.datetime | None = pydantic.Field(
+        default=None, description="When remote retention last ran."
+    )
+    last_error: str | None = pydantic.Field(
+        default=None, max_length=1024, description="The last S3 error, cleared on success."
+    )
+    claim: PrefixClaimStatus | None = pydantic.Field(
+        default=None, description="Whether this job owns its S3 prefix (see docs/operator.md)."
+    )
+
+
+class Progress(_StatusModel):
+    """When the operator last saw ``status.step`` change (operator-owned)."""
+
+    step: int | None = pydantic.Field(default=None, ge=0, description="status.step then.")
+    time: datetime.datetime = pydantic.Field(description="When it was first seen.")
 
 
 class TrainingJobStatus(_StatusModel):
     """Observed state. Operator: phase, attempt, restarts, times, conditions, storage.
     Writer (rank 0): step, checkpoints."""
 
-    phase: Phase | None = None
-    observed_generation: int | None = pydantic.Field(default=None, ge=0)
-    attempt: int | None = pydantic.Field(default=None, ge=0)
-    restarts: int | None = pydantic.Field(default=None, ge=0)
-    restarts_count_towards_max: int | None = pydantic.Field(default=None, ge=0)
-    start_time: datetime.datetime | None = None
-    attempt_start_time: datetime.datetime | None = None
-    completion_time: datetime.datetime | None = None
-    last_failure: LastFailure | None = None
-    step: int | None = pydantic.Field(default=None, ge=0)
-    checkpoints: CheckpointsStatus | None = None
-    storage: StorageStatus | None = None
+    phase: Phase | None = pydantic.Field(
+        default=None,
+        description="Pending, Starting, Running, Restarting, Suspending, Suspended, "
+        "Succeeded or Failed.",
+    )
+    observed_generation: int | None = pydantic.Field(
+        default=None, ge=0, description="The spec generation the operator last acted on."
+    )
+    attempt: int | None = pydantic.Field(
+        default=None, ge=0, description="The current gang attempt (1 for the first)."
+    )
+    restarts: int | None = pydantic.Field(default=None, ge=0, description="Restarts so far.")
+    restarts_count_towards_max: int | None = pydantic.Field(
+        default=None, ge=0, description="Restarts counted against restartPolicy.maxRestarts."
+    )
+    start_time: datetime.datetime | None = pydantic.Field(
+        default=None, description="When the job (or its resume) started."
+    )
+    attempt_start_time: datetime.datetime | None = pydantic.Field(
+        default=None, description="When the current attempt's pods were created."
+    )
+    completion_time: datetime.datetime | None = pydantic.Field(
+        default=None, description="When the job Succeeded or Failed."
+    )
+    last_failure: LastFailure | None = pydantic.Field(
+        default=None, description="Why the most recent attempt ended."
+    )
+    step: int | None = pydantic.Field(
+        default=None, ge=0, description="The last training step rank 0 reported."
+    )
+    progress: Progress | None = pydantic.Field(
+        default=None, description="When step last changed (progressDeadlineSeconds)."
+    )
+    checkpoints: CheckpointsStatus | None = pydantic.Field(
+        default=None, description="Checkpoint facts reported by rank 0's writer."
+    )
+    storage: StorageStatus | None = pydantic.Field(
+        default=None, description="What the operator verified and deleted in S3."
+    )
     conditions: list[Condition] | None = pydantic.Field(
         default=None,
         max_length=32,
+        description="Ready, Complete, Failed, Suspended, PodsNotStarting, NameConflict, "
+        "ProgressStalled, Checkpoint*, Reconciling, Stalled.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )

@@ -12,11 +12,21 @@ absolute paths, backslashes, NUL) is refused at parse time, so a hostile or
 corrupted manifest in a bucket can never make a download write outside the
 step folder. Symlinks are a property of the filesystem, so the trainer checks
 those where it touches files (see `cairn.checkpoint.layout`).
+
+Compatibility: readers accept unknown fields of the same major
+`format_version` (a newer Cairn may add optional facts) and refuse a newer
+major version with `UnsupportedManifestVersionError`, a specific error that
+callers keep apart from garbage: such a step is kept, never deleted. The
+optional identity fields (`job_uid`, `lineage`, `parent`, `data_prefix`) are
+absent from manifests written by older Cairn; such a manifest belongs to the
+job that reads it and its data objects sit directly under `step-<N>/`.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import typing
 
 import pydantic
 
@@ -33,6 +43,21 @@ _STEP_RE = re.compile(rf"^step-(\d{{{STEP_DIGITS},}})$")
 
 class UnsafePathError(ValueError):
     """A manifest path that could escape the step folder."""
+
+
+class UnsupportedManifestVersionError(ValueError):
+    """A manifest of a newer major format version: readable by a newer Cairn only.
+
+    Not garbage: a step with such a manifest is kept (and reported), never
+    deleted or overwritten.
+    """
+
+    def __init__(self, version: object) -> None:
+        super().__init__(
+            f"manifest format_version {version!r} is newer than the supported {FORMAT_VERSION}"
+            " (written by a newer Cairn); the step is kept, not loaded"
+        )
+        self.version = version
 
 
 def step_dir_name(step: int) -> str:
@@ -72,7 +97,8 @@ def check_relative_path(path: str) -> str:
 class FileEntry(pydantic.BaseModel):
     """One file of a checkpoint step."""
 
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    # Unknown fields of the same major version are accepted (and kept).
+    model_config = pydantic.ConfigDict(frozen=True, extra="allow")
 
     path: str
     """Relative POSIX path inside the step folder."""
@@ -89,10 +115,21 @@ class FileEntry(pydantic.BaseModel):
         return check_relative_path(value)
 
 
+class Parent(pydantic.BaseModel):
+    """The step a lineage branched from (the step its first attempt loaded)."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="allow")
+
+    step: int = pydantic.Field(ge=0)
+    lineage: str | None = None
+
+
 class Manifest(pydantic.BaseModel):
     """The commit record of one checkpoint step (`step-<N>/manifest.json`)."""
 
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    # Unknown fields of the same major version are accepted (and kept), so a
+    # newer Cairn can add optional facts without older readers discarding steps.
+    model_config = pydantic.ConfigDict(frozen=True, extra="allow")
 
     format_version: int = FORMAT_VERSION
     step: int = pydantic.Field(ge=0)
@@ -106,12 +143,28 @@ class Manifest(pydantic.BaseModel):
     """Versions of the software that wrote the step (torch, cairn, python)."""
     extra: dict[str, str | int | float] = pydantic.Field(default_factory=dict)
     """Small facts for status reporting (write seconds, tokens seen...)."""
+    job_uid: str | None = None
+    """UID of the TrainingJob that wrote the step; None: an older Cairn (this job's)."""
+    lineage: str | None = None
+    """Lineage id `<uid8>-a<attempt>` of the attempt that started the lineage."""
+    parent: Parent | None = None
+    """Where the lineage branched from (None: it started fresh or continues)."""
+    data_prefix: str | None = None
+    """S3 sub-prefix of the data objects under `step-<N>/` (attempt-scoped);
+    None: keys directly under `step-<N>/` (older Cairn)."""
 
     @pydantic.field_validator("format_version")
     @classmethod
     def _known_version(cls, value: int) -> int:
         if value > FORMAT_VERSION:
-            raise ValueError(f"manifest format_version {value} is newer than {FORMAT_VERSION}")
+            raise UnsupportedManifestVersionError(value)
+        return value
+
+    @pydantic.field_validator("data_prefix")
+    @classmethod
+    def _one_component(cls, value: str | None) -> str | None:
+        if value is not None and ("/" in check_relative_path(value) or value == MANIFEST_NAME):
+            raise UnsafePathError(f"data_prefix {value!r} must be one path component")
         return value
 
     @pydantic.model_validator(mode="after")
@@ -130,10 +183,30 @@ class Manifest(pydantic.BaseModel):
     def files_of_rank(self, rank: int) -> tuple[FileEntry, ...]:
         return tuple(entry for entry in self.files if entry.rank == rank)
 
+    def data_key(self, path: str) -> str:
+        """Key of a listed file relative to `step-<N>/` in S3. Pure."""
+        return f"{self.data_prefix}/{path}" if self.data_prefix else path
+
 
 def parse_manifest(data: bytes | str) -> Manifest:
-    """Parse and validate manifest JSON; raises pydantic.ValidationError. Pure."""
+    """Parse and validate manifest JSON. Pure.
+
+    Raises UnsupportedManifestVersionError for a newer major `format_version`
+    (checked before the schema, whose fields a newer version may change),
+    pydantic.ValidationError (a ValueError) for anything else invalid.
+    """
+    version = _peek_version(data)
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise UnsupportedManifestVersionError(version)
     return Manifest.model_validate_json(data)
+
+
+def _peek_version(data: bytes | str) -> object:
+    try:
+        doc: typing.Any = json.loads(data)
+    except ValueError:
+        return None  # invalid JSON: the schema validation reports it
+    return doc.get("format_version") if isinstance(doc, dict) else None
 
 
 def dump_manifest(manifest: Manifest) -> bytes:

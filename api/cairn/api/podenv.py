@@ -43,6 +43,8 @@ RESUME_FROM = "CAIRN_RESUME_FROM"
 # --- S3 durable tier ---------------------------------------------------------
 UPLOAD_URI = "CAIRN_UPLOAD_URI"
 UPLOAD_CONCURRENCY = "CAIRN_UPLOAD_CONCURRENCY"
+UPLOAD_ON_FAILURE = "CAIRN_UPLOAD_ON_FAILURE"
+"""``Continue`` (keep training, upload later) or ``Fail``: ``checkpoint.upload.onFailure``."""
 AWS_ENDPOINT_URL_S3 = "AWS_ENDPOINT_URL_S3"
 AWS_REGION = "AWS_REGION"
 AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
@@ -51,6 +53,8 @@ AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
 # --- status reporting (rank 0's writer -> TrainingJob /status) -------------
 REPORT_STATUS = "CAIRN_REPORT_STATUS"
 """"1" when the writer should patch the job's status (the pod has the Role)."""
+STATUS_INTERVAL_SECONDS = "CAIRN_STATUS_INTERVAL_SECONDS"
+"""``checkpoint.statusIntervalSeconds``: the least time between two step-only reports."""
 
 # --- torchrun / torch.distributed ------------------------------------------
 PET_NNODES = "PET_NNODES"

@@ -13,8 +13,15 @@ Safety rules that no option can turn off:
   never deleted;
 - with upload on, a committed step that is not uploaded yet is never deleted
   locally (it may be the only durable copy soon);
+- a folder that is not provably an abandoned partial of this job (foreign,
+  unreadable, unknown) is never passed here as deletable: only records with
+  `own_partial=True` are deleted as partials;
 - a deletion removes the manifest first (see `deletion_order`), so a
   half-deleted step is never taken for a committed one.
+
+When protected steps alone exceed `keep_last` or `max_bytes` (an upload
+backlog while S3 is down), the plan keeps them and says so in
+`LocalPlan.over_budget`; the caller reports it instead of growing silently.
 """
 
 from __future__ import annotations
@@ -35,9 +42,11 @@ class StepRecord:
     committed: bool
     """`is_committed()` held: a complete manifest is present."""
     bytes: int = 0
-    """Total bytes of the step (manifest total for committed steps)."""
+    """Bytes of the step on the observed volume (the sizes of the files present)."""
     uploaded: bool = False
     """The remote manifest exists (remote commit)."""
+    own_partial: bool = False
+    """Not committed, and provably an abandoned write of this job (deletable)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,6 +57,11 @@ class LocalPlan:
     delete_partial: tuple[int, ...]
     kept: tuple[int, ...]
     """Committed steps that stay, newest first."""
+    over_budget: tuple[int, ...] = ()
+    """Kept steps beyond `keep_last`/`max_bytes`, kept only because they are
+    protected (in flight or not uploaded yet), oldest first."""
+    kept_bytes: int = 0
+    """Bytes of the kept committed steps."""
 
 
 def plan_local(
@@ -64,8 +78,10 @@ def plan_local(
     that set while the kept total exceeds `max_bytes`. Protected steps (newest
     committed, in flight, not yet uploaded with upload on) are kept even when
     that leaves more than `keep_last` steps or more than `max_bytes`: running
-    out of budget is better than losing the only copy. Folders without a
-    manifest that are not in flight are abandoned partials and are deleted.
+    out of budget is better than losing the only copy; such steps are listed
+    in `over_budget`. Records marked `own_partial` that are not in flight are
+    abandoned partials of this job and are deleted; any other uncommitted
+    record (foreign, unreadable, unknown) is kept.
     """
     if keep_last < MIN_LOCAL_KEEP_LAST:
         raise ValueError(f"keep_last must be >= {MIN_LOCAL_KEEP_LAST}, got {keep_last}")
@@ -83,20 +99,28 @@ def plan_local(
 
     kept: list[StepRecord] = []
     deleted: list[int] = []
+    over: list[int] = []
     total = 0
     for record in committed:
         over_count = len(kept) >= keep_last
         over_bytes = max_bytes is not None and total + record.bytes > max_bytes
-        if (over_count or over_bytes) and not protected(record):
-            deleted.append(record.step)
-            continue
+        if over_count or over_bytes:
+            if not protected(record):
+                deleted.append(record.step)
+                continue
+            if record.step != newest:
+                over.append(record.step)
         kept.append(record)
         total += record.bytes
-    partial = sorted(s.step for s in steps if not s.committed and s.step not in in_flight)
+    partial = sorted(
+        s.step for s in steps if not s.committed and s.own_partial and s.step not in in_flight
+    )
     return LocalPlan(
         delete_committed=tuple(sorted(deleted)),
         delete_partial=tuple(partial),
         kept=tuple(r.step for r in kept),
+        over_budget=tuple(sorted(over)),
+        kept_bytes=total,
     )
 
 
@@ -127,12 +151,18 @@ def plan_remote(
     return tuple(sorted(deleted))
 
 
-def deletion_order(paths: list[str]) -> list[str]:
-    """Order in which to delete a step's files: manifest first, then the rest. Pure.
+def split_manifests(paths: list[str]) -> tuple[list[str], list[str]]:
+    """The manifests among ``paths`` (deleted first) and the rest, sorted. Pure.
 
-    Once the manifest is gone the step is no longer committed, so a deletion
-    interrupted half-way leaves an abandoned partial, never a corrupt
-    "committed" step.
+    The one manifest-first rule: once a step's manifest is gone the step is no
+    longer committed, so a deletion interrupted half-way leaves an abandoned
+    partial, never a corrupt "committed" step.
     """
     head = [p for p in paths if p.rsplit("/", 1)[-1] == manifest_mod.MANIFEST_NAME]
-    return head + sorted(p for p in paths if p not in head)
+    return head, sorted(p for p in paths if p not in head)
+
+
+def deletion_order(paths: list[str]) -> list[str]:
+    """Order in which to delete a step's files: manifest first, then the rest. Pure."""
+    head, rest = split_manifests(paths)
+    return head + rest

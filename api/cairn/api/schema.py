@@ -6,7 +6,7 @@ string literals reject escapes such as ``\\s``.
 """
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic
 from pydantic import alias_generators
@@ -16,9 +16,28 @@ ENDPOINT_PATTERN = r"^https?://[^ /]+(/[^ ]*)?$"
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 ABS_PATH_PATTERN = r"^/[^ ]*$"
+SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
-Quantity = int | str
+Quantity = int | Annotated[str, pydantic.Field(max_length=64)]
 """A core/v1 quantity: the CRD says x-kubernetes-int-or-string."""
+
+QUANTITY_PATTERN = r"^[+-]?([0-9]+([.][0-9]*)?|[.][0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+"""resource.Quantity's syntax (the API server's own parser in CEL: ``isQuantity``)."""
+
+
+def quantity_rule(value: str) -> str:
+    """CEL: the int-or-string ``value`` parses as a quantity and is not negative.
+    ``quantity()``/``isQuantity`` are the Kubernetes CEL quantity library (1.29+)."""
+    text = f"string({value})"
+    return f"isQuantity({text}) && !quantity({text}).isLessThan(quantity('0'))"
+
+
+def check_quantity(value: int | str, field: str) -> int | str:
+    """Pure twin of :func:`quantity_rule`."""
+    text = str(value)
+    if re.fullmatch(QUANTITY_PATTERN[1:-1], text) is None or text.startswith("-"):
+        raise ValueError(f"{field} must be a non-negative quantity such as 500m, 2 or 4Gi")
+    return value
 
 
 def cel(*rules: tuple[str, str] | tuple[str, str, str]) -> dict[str, Any]:

@@ -43,6 +43,15 @@ CHECKPOINT_VOLUME_NAME = "cairn-checkpoints"
 
 FinishedPods = Literal["Keep", "Delete"]
 
+DEFAULT_STARTUP_DEADLINE_SECONDS = 600
+DEFAULT_MAX_PREEMPTIONS = 20
+DEFAULT_BACKOFF_RESET_SECONDS = 600
+MANAGED_BY_PATTERN = (
+    "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    "/[-A-Za-z0-9_.]+(/[-A-Za-z0-9_.]+)*$"
+)
+"""A domain-prefixed path such as ``kueue.x-k8s.io/multikueue`` (as JobSet's managedBy)."""
+
 
 # --------------------------------------------------------------------- spec
 
@@ -61,8 +70,15 @@ class EnvVar(schema.SpecModel):
         )
     )
 
-    name: str = pydantic.Field(min_length=1, max_length=256, pattern=schema.ENV_NAME_PATTERN)
-    value: str | None = pydantic.Field(default=None, max_length=32768)
+    name: str = pydantic.Field(
+        min_length=1,
+        max_length=256,
+        pattern=schema.ENV_NAME_PATTERN,
+        description=f"Variable name; {RESERVED_ENV_PREFIX}* is reserved for the operator.",
+    )
+    value: str | None = pydantic.Field(
+        default=None, max_length=32768, description="Literal value ($(VAR) expands)."
+    )
     value_from: dict[str, Any] | None = pydantic.Field(
         default=None, description="A core/v1 EnvVarSource.", json_schema_extra=schema.PRESERVE
     )
@@ -82,25 +98,60 @@ ExitCode = Annotated[int, pydantic.Field(ge=1, le=255)]
 Arg = Annotated[str, pydantic.Field(max_length=4096)]
 
 
+def _quantities_rule(what: str) -> dict[str, Any]:
+    return {
+        "maxProperties": 16,
+        **schema.cel(
+            (
+                f"self.all(k, {schema.quantity_rule('self[k]')})",
+                f"{what} must be non-negative quantities such as 500m, 2 or 4Gi",
+            )
+        ),
+    }
+
+
+def _check_quantities(
+    values: dict[str, schema.Quantity] | None, what: str
+) -> dict[str, schema.Quantity] | None:
+    for key, value in (values or {}).items():
+        schema.check_quantity(value, f"{what}.{key}")
+    return values
+
+
 class ResourceRequirements(schema.SpecModel):
     """Requests and limits of the trainer container (core/v1 quantities)."""
 
     requests: dict[str, schema.Quantity] | None = pydantic.Field(
-        default=None, json_schema_extra={"maxProperties": 16}
+        default=None,
+        description="Minimum resources per pod, e.g. cpu: 500m, memory: 4Gi.",
+        json_schema_extra=_quantities_rule("requests"),
     )
     limits: dict[str, schema.Quantity] | None = pydantic.Field(
-        default=None, json_schema_extra={"maxProperties": 16}
+        default=None,
+        description="Maximum resources per pod, e.g. memory: 8Gi, nvidia.com/gpu: 8.",
+        json_schema_extra=_quantities_rule("limits"),
     )
+
+    @pydantic.field_validator("requests", "limits")
+    @classmethod
+    def _quantities(
+        cls, value: dict[str, schema.Quantity] | None, info: pydantic.ValidationInfo
+    ) -> dict[str, schema.Quantity] | None:
+        return _check_quantities(value, str(info.field_name))
 
 
 class ObjectMetaOverlay(schema.SpecModel):
     """Extra labels and annotations for every pod (e.g. Kueue, service mesh)."""
 
     labels: dict[str, str] | None = pydantic.Field(
-        default=None, json_schema_extra={"maxProperties": 64}
+        default=None,
+        description="Labels added to every pod (Cairn's own labels win).",
+        json_schema_extra={"maxProperties": 64},
     )
     annotations: dict[str, str] | None = pydantic.Field(
-        default=None, json_schema_extra={"maxProperties": 64}
+        default=None,
+        description="Annotations added to every pod.",
+        json_schema_extra={"maxProperties": 64},
     )
 
 
@@ -111,7 +162,23 @@ class NamedObject(pydantic.BaseModel):
         extra="allow", frozen=True, json_schema_extra=schema.PRESERVE
     )
 
-    name: str = pydantic.Field(min_length=1, max_length=253)
+    name: str = pydantic.Field(min_length=1, max_length=253, description="The object's name.")
+
+
+def _opaque_list(description: str, max_items: int = 64) -> Any:
+    """A list of core/v1 objects passed through to the pod unchanged."""
+    return pydantic.Field(
+        default=None,
+        max_length=max_items,
+        description=description,
+        json_schema_extra={"items": {"type": "object", **schema.PRESERVE}},
+    )
+
+
+def _opaque(description: str) -> Any:
+    """One core/v1 object passed through unchanged (the API server validates it
+    against the core schema when the pod is created)."""
+    return pydantic.Field(default=None, description=description, json_schema_extra=schema.PRESERVE)
 
 
 class PodTemplateOverlay(schema.SpecModel):
@@ -127,21 +194,59 @@ class PodTemplateOverlay(schema.SpecModel):
         )
     )
 
-    metadata: ObjectMetaOverlay | None = None
+    metadata: ObjectMetaOverlay | None = pydantic.Field(
+        default=None, description="Labels and annotations for every pod."
+    )
     node_selector: dict[str, str] | None = pydantic.Field(
-        default=None, json_schema_extra={"maxProperties": 64}
-    )
-    tolerations: list[dict[str, Any]] | None = pydantic.Field(
         default=None,
-        max_length=64,
-        description="core/v1 Tolerations.",
-        json_schema_extra={"items": {"type": "object", **schema.PRESERVE}},
+        description="Node labels every pod requires.",
+        json_schema_extra={"maxProperties": 64},
     )
-    affinity: dict[str, Any] | None = pydantic.Field(
-        default=None, description="A core/v1 Affinity.", json_schema_extra=schema.PRESERVE
+    tolerations: list[dict[str, Any]] | None = _opaque_list("core/v1 Tolerations.")
+    affinity: dict[str, Any] | None = _opaque("A core/v1 Affinity.")
+    topology_spread_constraints: list[dict[str, Any]] | None = _opaque_list(
+        "core/v1 TopologySpreadConstraints (select the pods with cairn.dev/job-name).", 16
     )
-    priority_class_name: str | None = pydantic.Field(default=None, max_length=253)
-    scheduler_name: str | None = pydantic.Field(default=None, max_length=253)
+    priority_class_name: str | None = pydantic.Field(
+        default=None, max_length=253, description="The pods' PriorityClass."
+    )
+    scheduler_name: str | None = pydantic.Field(
+        default=None, max_length=253, description="The scheduler that places the pods."
+    )
+    runtime_class_name: str | None = pydantic.Field(
+        default=None, max_length=253, description="The pods' RuntimeClass (e.g. nvidia, gvisor)."
+    )
+    scheduling_gates: list[dict[str, Any]] | None = _opaque_list(
+        "core/v1 PodSchedulingGates: the pods stay unscheduled until a controller removes them.",
+        16,
+    )
+    service_account_name: str | None = pydantic.Field(
+        default=None,
+        max_length=253,
+        pattern=schema.SUBDOMAIN_PATTERN,
+        description="Run the pods as this ServiceAccount instead of <job>-trainer "
+        "(the operator binds its status-writer Role to it).",
+    )
+    security_context: dict[str, Any] | None = _opaque(
+        "core/v1 PodSecurityContext, merged key by key over the restricted defaults "
+        "(runAsNonRoot: true, seccompProfile RuntimeDefault)."
+    )
+    container_security_context: dict[str, Any] | None = _opaque(
+        "core/v1 SecurityContext of the trainer container, merged key by key over the "
+        "restricted defaults (allowPrivilegeEscalation: false, capabilities drop ALL)."
+    )
+    env_from: list[dict[str, Any]] | None = _opaque_list(
+        "core/v1 EnvFromSources of the trainer container (Secrets, ConfigMaps).", 16
+    )
+    init_containers: list[NamedObject] | None = pydantic.Field(
+        default=None, max_length=16, description="core/v1 Containers run before the trainer."
+    )
+    sidecars: list[NamedObject] | None = pydantic.Field(
+        default=None,
+        max_length=16,
+        description="core/v1 Containers run beside the trainer for the pod's lifetime "
+        "(native sidecars: init containers with restartPolicy Always).",
+    )
     image_pull_secrets: list[dict[str, str]] | None = pydantic.Field(
         default=None, max_length=16, description="core/v1 LocalObjectReferences."
     )
@@ -172,9 +277,32 @@ class RestartPolicy(schema.SpecModel):
         )
     )
 
-    max_restarts: int = pydantic.Field(default=3, ge=0, le=10000)
-    backoff_seconds: int = pydantic.Field(default=10, ge=0, le=86400)
-    max_backoff_seconds: int = pydantic.Field(default=300, ge=0, le=86400)
+    max_restarts: int = pydantic.Field(
+        default=3,
+        ge=0,
+        le=10000,
+        description="Counted restarts (rank failures, own evictions, deadlines) before Failed.",
+    )
+    max_preemptions: int = pydantic.Field(
+        default=DEFAULT_MAX_PREEMPTIONS,
+        ge=0,
+        le=10000,
+        description="Restarts caused by others (evictions, node loss, deleted pods) before "
+        "Failed; they do not count against maxRestarts.",
+    )
+    backoff_seconds: int = pydantic.Field(
+        default=10, ge=0, le=86400, description="Wait before the first restart; doubles after."
+    )
+    max_backoff_seconds: int = pydantic.Field(
+        default=300, ge=0, le=86400, description="Cap of the doubling backoff."
+    )
+    backoff_reset_seconds: int = pydantic.Field(
+        default=DEFAULT_BACKOFF_RESET_SECONDS,
+        ge=1,
+        le=604800,
+        description="An attempt that ran this long before it failed resets the backoff to "
+        "backoffSeconds.",
+    )
     retryable_exit_codes: list[ExitCode] | None = pydantic.Field(
         default=None,
         max_length=255,
@@ -241,34 +369,78 @@ class TrainingJobSpec(schema.SpecModel):
         )
     )
 
-    suspend: bool = False
+    suspend: bool = pydantic.Field(
+        default=False,
+        description="true: write a final checkpoint and stop the pods; false again resumes.",
+    )
     managed_by: str | None = pydantic.Field(
         default=None,
         max_length=63,
-        description=f"Another controller's name; unset or {CONTROLLER_NAME} means Cairn.",
+        pattern=MANAGED_BY_PATTERN,
+        description="The controller that reconciles this job, a domain-prefixed path; "
+        f"unset or {CONTROLLER_NAME} means Cairn. Immutable.",
     )
     nodes: int = pydantic.Field(default=1, ge=1, le=1024, description="Pods, one per node rank.")
     procs_per_node: int = pydantic.Field(default=1, ge=1, le=64, description="--nproc-per-node.")
-    image: str = pydantic.Field(min_length=1, max_length=512)
-    command: list[Arg] | None = pydantic.Field(default=None, max_length=64)
-    args: list[Arg] | None = pydantic.Field(default=None, max_length=256)
+    image: str = pydantic.Field(
+        min_length=1, max_length=512, description="The trainer container's image."
+    )
+    command: list[Arg] | None = pydantic.Field(
+        default=None, max_length=64, description="Entrypoint; unset: the image's."
+    )
+    args: list[Arg] | None = pydantic.Field(
+        default=None, max_length=256, description="Arguments to the entrypoint."
+    )
     env: list[EnvVar] | None = pydantic.Field(
         default=None,
         max_length=128,
+        description="Extra environment variables of the trainer container.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    resources: ResourceRequirements | None = None
-    template: PodTemplateOverlay | None = None
+    resources: ResourceRequirements | None = pydantic.Field(
+        default=None, description="Requests and limits of each pod's trainer container."
+    )
+    template: PodTemplateOverlay | None = pydantic.Field(
+        default=None, description="What to add to every pod (scheduling, security, volumes)."
+    )
     checkpoint: checkpointspec.CheckpointSpec = pydantic.Field(
         default_factory=checkpointspec.CheckpointSpec,
+        description="How and where the trainer checkpoints, and what it resumes from.",
         json_schema_extra=schema.object_default(checkpointspec.CheckpointSpec),
     )
     restart_policy: RestartPolicy = pydantic.Field(
-        default_factory=RestartPolicy, json_schema_extra=schema.object_default(RestartPolicy)
+        default_factory=RestartPolicy,
+        description="Gang restarts: budgets and backoff.",
+        json_schema_extra=schema.object_default(RestartPolicy),
     )
-    active_deadline_seconds: int | None = pydantic.Field(default=None, ge=1)
+    active_deadline_seconds: int | None = pydantic.Field(
+        default=None, ge=1, description="Failed after running this long (restarts on resume)."
+    )
+    ttl_seconds_after_finished: int | None = pydantic.Field(
+        default=None,
+        ge=0,
+        le=31536000,
+        description="Delete the job this long after it Succeeded or Failed (its pods, "
+        "Events and metrics go with it; onDelete still applies). Unset: kept.",
+    )
+    startup_deadline_seconds: int = pydantic.Field(
+        default=DEFAULT_STARTUP_DEADLINE_SECONDS,
+        ge=1,
+        le=86400,
+        description="An attempt whose pods are not all running this long after it started "
+        "ends as a counted failure (StartupDeadlineExceeded).",
+    )
+    progress_deadline_seconds: int | None = pydantic.Field(
+        default=None,
+        ge=1,
+        le=604800,
+        description="While Running, no new status.step for this long: the ProgressStalled "
+        "condition and a counted restart. Unset: not checked.",
+    )
     cleanup: CleanupPolicy = pydantic.Field(
-        default_factory=CleanupPolicy, json_schema_extra=schema.object_default(CleanupPolicy)
+        default_factory=CleanupPolicy,
+        description="What happens to terminated pods.",
+        json_schema_extra=schema.object_default(CleanupPolicy),
     )
 
     @pydantic.field_validator("env")

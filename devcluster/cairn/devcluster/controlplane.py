@@ -4,7 +4,8 @@ Pure where it can be: each `*_command` function maps the state paths and
 ports to an argv, and `kubeconfig` renders a client configuration; `cluster`
 runs them. The flags are those of a plain kubeadm-style cluster: RBAC and
 Node authorization, the default admission plugins, ServiceAccount token
-issuance (TokenRequest) with a signing key, the controller-manager's garbage
+issuance (TokenRequest) with a signing key, OwnerReferencesPermissionEnforcement
+(as on OpenShift), the controller-manager's garbage
 collector, namespace, ReplicaSet/Deployment and ServiceAccount controllers,
 and the real scheduler.
 """
@@ -72,6 +73,9 @@ def apiserver_command(*, state: paths.StatePaths, ports: Ports) -> list[str]:
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
         "--authorization-mode=Node,RBAC",
+        # On top of the defaults: as OpenShift does, a child may carry
+        # blockOwnerDeletion only if its creator may update the owner's finalizers.
+        "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
         f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",

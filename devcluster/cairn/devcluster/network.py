@@ -49,10 +49,17 @@ def _link_exists(name: str) -> bool:
     return _ip("link", "show", name, check=False).returncode == 0
 
 
+BRIDGE_MAC = "02:ca:12:00:00:01"
+"""Fixed (locally administered): a bridge without one takes the lowest MAC of
+its ports, so deleting a pod could change the gateway's MAC under every other
+pod's ARP cache; measured: a pod lost the API server for ~20 s after another
+pod on the node was force-deleted."""
+
+
 def ensure_bridge() -> None:
     """Create the pods' bridge with the gateway address, if not there yet."""
     if not _link_exists(BRIDGE):
-        _ip("link", "add", BRIDGE, "type", "bridge")
+        _ip("link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge")
     addrs = _ip("-4", "addr", "show", "dev", BRIDGE).stdout
     if f"{GATEWAY}/{PREFIX_LENGTH}" not in addrs:
         _ip("addr", "add", f"{GATEWAY}/{PREFIX_LENGTH}", "dev", BRIDGE)

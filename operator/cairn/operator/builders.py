@@ -8,10 +8,53 @@ Per job (stable names, re-ensured by every attempt): ServiceAccount, a Role
 that may only get/patch this one TrainingJob's status (``resourceNames``), its
 RoleBinding, and the headless Service that gives each rank a DNS name.
 Per attempt: one Pod per node rank.
+
+Pods meet the ``restricted`` Pod Security Standard by default (non-root,
+RuntimeDefault seccomp, no privilege escalation, every capability dropped);
+the overlay's ``securityContext``/``containerSecurityContext`` merge over those
+defaults key by key, so a user can relax them where the namespace allows. The
+trainer's termination message (``cairn.api.exitcodes``) is read from its
+``terminationMessagePath``, or from the log tail when it wrote none.
 """
 
-from cairn.api import podenv, trainingjob
+from typing import Any
+
+from cairn.api import exitcodes, podenv, trainingjob
 from cairn.operator import k8stypes, names
+
+POD_SECURITY_DEFAULTS: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""The restricted profile's pod-level requirements (the image's USER is non-root)."""
+CONTAINER_SECURITY_DEFAULTS: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""The restricted profile's container-level requirements (also given to the
+overlay's init containers and sidecars, under their own securityContext)."""
+
+
+def _merged(defaults: dict[str, Any], overlay: dict[str, Any] | None) -> dict[str, Any]:
+    return {**defaults, **(overlay or {})}
+
+
+def container_security(overlay: dict[str, Any] | None) -> dict[str, Any]:
+    """The restricted defaults under the user's container securityContext. A
+    privileged container cannot also forbid privilege escalation (the API
+    server refuses the pair), so asking for ``privileged`` drops that default."""
+    defaults = dict(CONTAINER_SECURITY_DEFAULTS)
+    if (overlay or {}).get("privileged"):
+        defaults.pop("allowPrivilegeEscalation")
+    return _merged(defaults, overlay)
+
+
+def pod_service_account(job: trainingjob.TrainingJob) -> str:
+    """The ServiceAccount the pods run as: the overlay's, else ``<job>-trainer``."""
+    overlay = job.spec.template
+    if overlay is not None and overlay.service_account_name:
+        return overlay.service_account_name
+    return names.service_account_name(job.metadata.name)
 
 
 def owner_reference(job: trainingjob.TrainingJob) -> k8stypes.OwnerReference:
@@ -83,7 +126,7 @@ def role_binding(job: trainingjob.TrainingJob) -> k8stypes.RoleBinding:
         "subjects": [
             {
                 "kind": "ServiceAccount",
-                "name": names.service_account_name(job.metadata.name),
+                "name": pod_service_account(job),
                 "namespace": job.metadata.namespace,
             }
         ],
@@ -172,6 +215,7 @@ def pod_env(
         _value(podenv.FINAL_CHECKPOINT_GRACE_SECONDS, ckpt.final_checkpoint_grace_seconds),
         _value(podenv.RESUME_FROM, podenv.format_resume(resume)),
         _value(podenv.REPORT_STATUS, 1 if rank == 0 else 0),
+        _value(podenv.STATUS_INTERVAL_SECONDS, ckpt.status_interval_seconds),
     ]
     if ckpt.interval_steps is not None:
         env.append(_value(podenv.CHECKPOINT_INTERVAL_STEPS, ckpt.interval_steps))
@@ -184,6 +228,7 @@ def pod_env(
         env += [
             _value(podenv.UPLOAD_URI, upload.uri),
             _value(podenv.UPLOAD_CONCURRENCY, upload.concurrency),
+            _value(podenv.UPLOAD_ON_FAILURE, upload.on_failure),
         ]
         if upload.endpoint is not None:
             env.append(_value(podenv.AWS_ENDPOINT_URL_S3, upload.endpoint))
@@ -248,6 +293,9 @@ def pod(
         "name": names.CONTAINER,
         "image": spec.image,
         "env": pod_env(job, attempt=attempt, rank=rank, resume=resume),
+        "securityContext": container_security(overlay.container_security_context),
+        "terminationMessagePath": exitcodes.TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "ports": [
             {
                 "name": names.PORT_NAME,
@@ -266,13 +314,17 @@ def pod(
         container["args"] = list(spec.args)
     if spec.resources is not None:
         container["resources"] = spec.resources.model_dump(by_alias=True, exclude_none=True)
+    if overlay.env_from:
+        container["envFrom"] = [dict(e) for e in overlay.env_from]
     pod_spec: k8stypes.PodSpec = {
         "restartPolicy": "Never",
         "hostname": pod_name,
         "subdomain": names.service_name(name),
-        "serviceAccountName": names.service_account_name(name),
-        "automountServiceAccountToken": True,
+        "serviceAccountName": pod_service_account(job),
+        # Only rank 0 reports status; the other ranks get no API credentials.
+        "automountServiceAccountToken": rank == 0,
         "terminationGracePeriodSeconds": spec.checkpoint.final_checkpoint_grace_seconds,
+        "securityContext": _merged(POD_SECURITY_DEFAULTS, overlay.security_context),
         "containers": [container],
         "volumes": [
             _checkpoint_volume(job),
@@ -291,7 +343,35 @@ def pod(
         pod_spec["schedulerName"] = overlay.scheduler_name
     if overlay.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [dict(s) for s in overlay.image_pull_secrets]
+    _scheduling_extras(pod_spec, overlay)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _restricted(container: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **container,
+        "securityContext": container_security(container.get("securityContext")),
+    }
+
+
+def _scheduling_extras(pod_spec: k8stypes.PodSpec, overlay: trainingjob.PodTemplateOverlay) -> None:
+    """The overlay's opaque additions, passed through (the API server validates them)."""
+    if overlay.topology_spread_constraints:
+        pod_spec["topologySpreadConstraints"] = [
+            dict(c) for c in overlay.topology_spread_constraints
+        ]
+    if overlay.runtime_class_name:
+        pod_spec["runtimeClassName"] = overlay.runtime_class_name
+    if overlay.scheduling_gates:
+        pod_spec["schedulingGates"] = [dict(g) for g in overlay.scheduling_gates]
+    init = [_restricted(c.model_dump(by_alias=True)) for c in overlay.init_containers or ()]
+    # Native sidecars (1.29+): init containers that keep running beside the trainer.
+    init += [
+        {**_restricted(c.model_dump(by_alias=True)), "restartPolicy": "Always"}
+        for c in overlay.sidecars or ()
+    ]
+    if init:
+        pod_spec["initContainers"] = init
 
 
 def attempt_pods(

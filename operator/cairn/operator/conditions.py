@@ -14,8 +14,8 @@ import dataclasses
 import datetime
 from collections.abc import Iterable, Sequence
 
-from cairn.api import jobstatus
-from cairn.operator import k8stypes
+from cairn.api import exitcodes, jobstatus
+from cairn.operator import clock, k8stypes
 
 # --- types ---------------------------------------------------------------------
 READY = "Ready"
@@ -27,17 +27,38 @@ FAILED = "Failed"
 SUSPENDED = "Suspended"
 RECONCILING = "Reconciling"
 STALLED = "Stalled"
+PODS_NOT_STARTING = "PodsNotStarting"
+"""Abnormal-true: a child could not be created or a pod is stuck before its trainer runs."""
+NAME_CONFLICT = "NameConflict"
+"""Abnormal-true: an object this job does not own already has a child's name."""
+PROGRESS_STALLED = "ProgressStalled"
+"""Abnormal-true: no new status.step for progressDeadlineSeconds; the attempt restarts."""
+UPLOAD_FAILING = "UploadFailing"
+"""Abnormal-true: uploads fail (upload.onFailure: Continue); steps wait in a backlog."""
+STORAGE_REFUSED = "StorageRefused"
+"""Abnormal-true: the operator does not verify, apply retention or delete under the
+job's S3 prefix (owned by another job, or refused by its S3 settings; see
+``prefixclaim``). The S3 pass posts its Event."""
+WARNING_CONDITIONS: frozenset[str] = frozenset(
+    {PODS_NOT_STARTING, NAME_CONFLICT, PROGRESS_STALLED, UPLOAD_FAILING}
+)
+"""Conditions whose turning True (or a new reason/message) posts a Warning Event."""
 
 TYPES: tuple[str, ...] = (
     READY,
     CHECKPOINT_COMMITTED,
     CHECKPOINT_UPLOADED,
     CHECKPOINT_STALE,
+    UPLOAD_FAILING,
     COMPLETE,
     FAILED,
     SUSPENDED,
     RECONCILING,
     STALLED,
+    PODS_NOT_STARTING,
+    NAME_CONFLICT,
+    PROGRESS_STALLED,
+    STORAGE_REFUSED,
 )
 
 # --- reasons (also used as Event reasons) ------------------------------------
@@ -67,9 +88,23 @@ REASON_UPLOADED = "Uploaded"
 REASON_VERIFIED = "Verified"
 REASON_NOT_UPLOADED = "NotUploadedYet"
 REASON_UPLOAD_DISABLED = "UploadDisabled"
+REASON_UPLOAD_FAILING = "UploadFailing"
+REASON_UPLOADS_OK = "NoUploadError"
 REASON_STALE = "NoRecentCommit"
 REASON_FRESH = "RecentCommit"
 REASON_NOT_RUNNING = "NotRunning"
+REASON_FAILED_CREATE = "FailedCreate"
+REASON_INVALID_POD_SPEC = "InvalidPodSpec"
+REASON_NAME_CONFLICT = "NameConflict"
+REASON_NO_CONFLICT = "NoConflict"
+REASON_PODS_NOT_STARTING = "PodsNotStarting"
+REASON_PODS_STARTED = "PodsStarted"
+REASON_STARTUP_DEADLINE = "StartupDeadlineExceeded"
+REASON_PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
+REASON_PROGRESSING = "Progressing"
+REASON_MAX_PREEMPTIONS = "MaxPreemptionsExceeded"
+REASON_EVICTED = "Evicted"
+REASON_CONFIG_ERROR = exitcodes.CONFIG_ERROR_REASON
 
 # --- message templates --------------------------------------------------------
 MSG_ATTEMPT_STARTED = "attempt {attempt}: {nodes} pod(s) created, resuming from {resume}"
@@ -90,7 +125,26 @@ MSG_STALE_STATUS = "pods of attempt {attempt} exist but status.attempt is {known
 MSG_CREATED = "waiting for the operator to start attempt 1"
 MSG_COMMITTED = "step {step} committed"
 MSG_UPLOADED = "step {step} uploaded to {uri}"
-MSG_STALE = "no checkpoint committed for {seconds}s (expected within {limit}s)"
+MSG_STALE = "no checkpoint committed since {since} (expected within {limit}s)"
+"""No live age: the message stays equal between reconciles, so a stale job's
+status is not rewritten every time (printer columns compute ages from times)."""
+MSG_CREATE_FAILED = "{kind} {name} not created: {message}"
+MSG_INVALID_POD_SPEC = "the API server refused {kind} {name}: {message}"
+MSG_NAME_CONFLICT = (
+    "{kind} {name} exists and is not owned by this job; rename or delete it (never adopted)"
+)
+MSG_NOT_STARTING = "attempt {attempt}: rank {rank} {reason}: {message}"
+MSG_STARTUP_DEADLINE = (
+    "attempt {attempt}: pods not all running {seconds}s after the attempt started "
+    "(startupDeadlineSeconds){detail}"
+)
+MSG_PROGRESS_DEADLINE = (
+    "attempt {attempt}: no new step for {seconds}s (progressDeadlineSeconds), last step {step}"
+)
+MSG_MAX_PREEMPTIONS = "{failure}; {count} preemption(s) exceed maxPreemptions={limit}"
+MSG_EVICTED = "attempt {attempt}: rank {rank} evicted for its own usage: {message}"
+MSG_CONFIG_ERROR = "attempt {attempt}: rank {rank} reported a configuration error: {message}"
+MSG_CONFIG_ERROR_DEFAULT = "exit code 78 (no termination message)"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,10 +155,6 @@ class Desired:
     status: bool
     reason: str
     message: str = ""
-
-
-def _time(value: datetime.datetime) -> str:
-    return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def merge(
@@ -122,13 +172,13 @@ def merge(
             "type": want.type,
             "status": "True" if want.status else "False",
             "observedGeneration": generation,
-            "lastTransitionTime": _time(now),
+            "lastTransitionTime": clock.rfc3339(now),
             "reason": want.reason,
             "message": want.message,
         }
         before = old.get(want.type)
         if before is not None and before.status == status["status"]:
-            status["lastTransitionTime"] = _time(before.last_transition_time)
+            status["lastTransitionTime"] = clock.rfc3339(before.last_transition_time)
         out.append(status)
     return out
 

@@ -2,9 +2,15 @@
 
 The only module besides ``handlers`` that talks to the API server. Order:
 status merge patch (records the decision) -> deletes -> creates -> events.
-Creates treat 409 AlreadyExists as done (names are deterministic); deletes
-treat 404 as done and carry the pod's uid as a precondition, so a successor
-with the same name is never hit (a failed precondition, 409, is also done).
+Creates treat 409 AlreadyExists as done (names are deterministic) only when
+the existing object carries this job's controller ownerReference; anything
+else (a foreign object with a child's name, a 422, a 403 from admission or
+quota) is returned as an ``observe.CreateError`` for the next plan to show,
+never adopted and never only logged; after a per-job child fails, no pod is
+created in that pass. Deletes treat 404 as done (and report it: the watch
+cache may still hold the pod) and carry the pod's uid as a precondition, so
+a successor with the same name is never hit (a failed precondition, 409, is
+also done).
 The status patch carries ``observedGeneration`` and only operator-owned
 fields; it is a JSON merge patch, so the writer's ``step`` and
 ``checkpoints`` are untouched. Events are posted only after the status patch
@@ -13,6 +19,7 @@ succeeded. Blocking calls: run ``apply`` in a worker thread from async code.
 
 import dataclasses
 import datetime
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +28,7 @@ from kubernetes import client
 from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import trainingjob
-from cairn.operator import k8stypes, names, plan
+from cairn.operator import clock, k8stypes, names, observe, plan
 
 LOG = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
@@ -53,6 +60,9 @@ class Result:
     events: int = 0
     patched_object: dict[str, Any] | None = None
     """The job as the status patch left it (fresher than a watch cache)."""
+    create_errors: tuple[observe.CreateError, ...] = ()
+    gone: tuple[str, ...] = ()
+    """Children a delete found already gone (404): the pod cache is behind."""
 
 
 def _ignore(error: k8s_exceptions.ApiException, *codes: int) -> None:
@@ -60,25 +70,97 @@ def _ignore(error: k8s_exceptions.ApiException, *codes: int) -> None:
         raise error
 
 
-def _create(api: Any, child: k8stypes.Child) -> None:
+def _api_message(error: k8s_exceptions.ApiException) -> tuple[str, str]:
+    """(reason, message) of a failed call, as the API server's Status says them."""
+    try:
+        body = json.loads(error.body or "{}")
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    reason = str(body.get("reason") or error.reason or "")
+    return reason, str(body.get("message") or error.reason or f"HTTP {error.status}")
+
+
+def _owned_by(existing: Any, job_uid: str) -> bool:
+    refs = getattr(existing.metadata, "owner_references", None) or ()
+    return any(ref.uid == job_uid and ref.controller for ref in refs)
+
+
+def _create(api: Any, child: k8stypes.Child) -> observe.CreateError | None:
+    """Create ``child``; None when it exists now and is ours."""
     namespace = child["metadata"]["namespace"]
+    name = child["metadata"]["name"]
     kind = child["kind"]
     core = client.CoreV1Api(api)
     rbac = client.RbacAuthorizationV1Api(api)
-    create: dict[str, Callable[..., Any]] = {
-        "Pod": core.create_namespaced_pod,
-        "Service": core.create_namespaced_service,
-        "ServiceAccount": core.create_namespaced_service_account,
-        "Role": rbac.create_namespaced_role,
-        "RoleBinding": rbac.create_namespaced_role_binding,
+    calls: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+        "Pod": (core.create_namespaced_pod, core.read_namespaced_pod),
+        "Service": (core.create_namespaced_service, core.read_namespaced_service),
+        "ServiceAccount": (
+            core.create_namespaced_service_account,
+            core.read_namespaced_service_account,
+        ),
+        "Role": (rbac.create_namespaced_role, rbac.read_namespaced_role),
+        "RoleBinding": (rbac.create_namespaced_role_binding, rbac.read_namespaced_role_binding),
     }
+    create, read = calls[kind]
     try:
-        create[kind](namespace, child, field_manager=names.FIELD_MANAGER)
+        create(namespace, child, field_manager=names.FIELD_MANAGER)
+        return None
     except k8s_exceptions.ApiException as error:
-        _ignore(error, CONFLICT)
+        if error.status != CONFLICT:
+            reason, message = _api_message(error)
+            return observe.CreateError(
+                kind=kind, name=name, code=error.status or 0, reason=reason, message=message
+            )
+    owner = child["metadata"]["ownerReferences"][0]["uid"]
+    try:
+        existing = read(name, namespace)
+    except k8s_exceptions.ApiException as error:
+        if error.status == NOT_FOUND:  # deleted since: the next pass creates it
+            return None
+        raise
+    if _owned_by(existing, owner):
+        return None
+    return observe.CreateError(
+        kind=kind,
+        name=name,
+        code=CONFLICT,
+        reason="AlreadyExists",
+        message=f"{kind} {name} exists without this job's ownerReference",
+        conflict=True,
+    )
 
 
-def _delete(api: Any, target: plan.Delete) -> None:
+def _create_all(
+    api: Any, children: tuple[k8stypes.Child, ...]
+) -> tuple[list[str], list[observe.CreateError]]:
+    """Create in order: (created or already ours, refused). After a per-job
+    child fails, skip the pods (they would start without their Service,
+    ServiceAccount or Role)."""
+    done: list[str] = []
+    errors: list[observe.CreateError] = []
+    for child in children:
+        if errors and child["kind"] == "Pod" and any(e.kind != "Pod" for e in errors):
+            break
+        error = _create(api, child)
+        if error is None:
+            done.append(f"{child['kind']}/{child['metadata']['name']}")
+        else:
+            LOG.warning(
+                "create of %s %s/%s refused: %s",
+                error.kind,
+                child["metadata"]["namespace"],
+                error.name,
+                error.message,
+            )
+            errors.append(error)
+    return done, errors
+
+
+def _delete(api: Any, target: plan.Delete) -> bool:
+    """Delete ``target``; False when it was already gone (404)."""
     core = client.CoreV1Api(api)
     options = client.V1DeleteOptions(
         preconditions=client.V1Preconditions(uid=target.uid) if target.uid else None
@@ -92,13 +174,11 @@ def _delete(api: Any, target: plan.Delete) -> None:
         deleters[target.kind](target.name, target.namespace, body=options)
     except k8s_exceptions.ApiException as error:
         _ignore(error, NOT_FOUND, CONFLICT)
+        return bool(error.status != NOT_FOUND)
+    return True
 
 
-def _time(now: datetime.datetime) -> str:
-    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def event_body(*, job: JobRef, event: plan.Event, now: datetime.datetime) -> dict[str, Any]:
+def event_body(*, job: JobRef, event: k8stypes.Event, now: datetime.datetime) -> dict[str, Any]:
     """A core/v1 Event on the job (pure; exposed for tests)."""
     return {
         "apiVersion": "v1",
@@ -114,8 +194,8 @@ def event_body(*, job: JobRef, event: plan.Event, now: datetime.datetime) -> dic
         "type": event.type,
         "reason": event.reason,
         "message": event.message[:1024],
-        "firstTimestamp": _time(now),
-        "lastTimestamp": _time(now),
+        "firstTimestamp": clock.rfc3339(now),
+        "lastTimestamp": clock.rfc3339(now),
         "count": 1,
         "source": {"component": names.FIELD_MANAGER},
         "reportingComponent": names.FIELD_MANAGER,
@@ -138,7 +218,7 @@ def patch_status(api: Any, job: JobRef, status: dict[str, Any]) -> dict[str, Any
     return patched
 
 
-def post_event(api: Any, job: JobRef, event: plan.Event, *, now: datetime.datetime) -> None:
+def post_event(api: Any, job: JobRef, event: k8stypes.Event, *, now: datetime.datetime) -> None:
     """Post an Event about the job; best effort (a failure is logged)."""
     try:
         client.CoreV1Api(api).create_namespaced_event(
@@ -157,16 +237,16 @@ def apply(
     patched: dict[str, Any] | None = None
     if todo.status is not None:
         patched = patch_status(api, job, dict(todo.status))
-    for target in todo.deletes:
-        _delete(api, target)
-    for child in todo.creates:
-        _create(api, child)
+    gone = [f"{t.kind}/{t.name}" for t in todo.deletes if not _delete(api, t)]
+    created, errors = _create_all(api, todo.creates)
     for event in todo.events:
         post_event(api, job, event, now=now())
     return Result(
-        created=tuple(f"{c['kind']}/{c['metadata']['name']}" for c in todo.creates),
+        created=tuple(created),
         deleted=tuple(f"{d.kind}/{d.name}" for d in todo.deletes),
         status_patched=patched is not None,
         events=len(todo.events),
         patched_object=patched,
+        create_errors=tuple(errors),
+        gone=tuple(gone),
     )

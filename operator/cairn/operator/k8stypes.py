@@ -1,12 +1,26 @@
 """Typed shapes of the Kubernetes payloads the operator builds.
 
 Pure: TypedDicts for the subset of core/v1 and rbac/v1 objects that
-``builders`` produces and ``effects`` sends. Opaque user-supplied pieces
+``builders`` produces and ``effects`` sends, and ``Event``, the one type for
+a Kubernetes Event the operator decides to post (the reconcile plan and the
+S3 pass alike; ``effects.post_event`` sends it). Opaque user-supplied pieces
 (affinity, volumes, tolerations) stay ``dict[str, Any]``: the API server
 validates them against the core schemas when the pod is created.
 """
 
+import dataclasses
 from typing import Any, Literal, NotRequired, TypedDict
+
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Event:
+    """A Kubernetes Event on the TrainingJob."""
+
+    type: EventType
+    reason: str
+    message: str
 
 
 class OwnerReference(TypedDict):
@@ -67,6 +81,10 @@ class Container(TypedDict):
     ports: list[ContainerPort]
     resources: NotRequired[dict[str, dict[str, int | str]]]
     volumeMounts: list[VolumeMount | dict[str, Any]]
+    securityContext: dict[str, Any]
+    terminationMessagePath: str
+    terminationMessagePolicy: Literal["File", "FallbackToLogsOnError"]
+    envFrom: NotRequired[list[dict[str, Any]]]
 
 
 class PodSpec(TypedDict):
@@ -76,6 +94,7 @@ class PodSpec(TypedDict):
     serviceAccountName: str
     automountServiceAccountToken: bool
     terminationGracePeriodSeconds: int
+    securityContext: dict[str, Any]
     containers: list[Container]
     volumes: list[dict[str, Any]]
     nodeSelector: NotRequired[dict[str, str]]
@@ -84,6 +103,10 @@ class PodSpec(TypedDict):
     priorityClassName: NotRequired[str]
     schedulerName: NotRequired[str]
     imagePullSecrets: NotRequired[list[dict[str, str]]]
+    topologySpreadConstraints: NotRequired[list[dict[str, Any]]]
+    runtimeClassName: NotRequired[str]
+    schedulingGates: NotRequired[list[dict[str, Any]]]
+    initContainers: NotRequired[list[dict[str, Any]]]
 
 
 class Pod(TypedDict):
@@ -178,6 +201,12 @@ class LastFailureDict(TypedDict):
     rank: NotRequired[int]
     exitCode: NotRequired[int]
     counted: bool
+    backoffSeconds: NotRequired[int]
+
+
+class ProgressDict(TypedDict):
+    time: str
+    step: NotRequired[int]
 
 
 class StatusPatch(TypedDict, total=False):
@@ -196,4 +225,5 @@ class StatusPatch(TypedDict, total=False):
     attemptStartTime: str | None
     completionTime: str | None
     lastFailure: LastFailureDict | None
+    progress: ProgressDict | None
     conditions: list[ConditionDict]

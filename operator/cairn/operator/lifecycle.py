@@ -12,18 +12,31 @@ between the two cannot lose or double-count it), waits for the attempt's pods
 to stop and for the backoff, then starts attempt N+1, which resumes from the
 last committed step. Evictions, DisruptionTarget, lost nodes and pods deleted
 by someone else are preemptions: they restart the gang without counting
-against ``maxRestarts``. A non-retryable exit code fails the job at once.
+against ``maxRestarts``, up to ``maxPreemptions``; an eviction the pod caused
+itself (its emptyDir, ephemeral storage or memory over what it asked for) is
+counted. A non-retryable exit code fails the job at once, and so does exit
+code 78 (``exitcodes.CONFIG_ERROR``: ``ConfigurationError``, not counted).
+
+Nothing waits silently: a child the API server refuses (``observe.CreateError``)
+or a pod stuck before its trainer runs shows in the ``PodsNotStarting``
+condition; a 422 fails the job (``InvalidPodSpec``); a name taken by an object
+this job does not own is a ``NameConflict``; ``startupDeadlineSeconds`` and
+``progressDeadlineSeconds`` end an attempt that does not start or does not
+advance (counted). The backoff doubles per restart and starts over after an
+attempt that ran ``backoffResetSeconds``.
 """
 
 import dataclasses
 import datetime
 from typing import Any
 
-from cairn.api import checkpointspec, jobstatus, podenv, trainingjob
+from cairn.api import checkpointspec, exitcodes, jobstatus, podenv, trainingjob
 from cairn.operator import conditions as cond
-from cairn.operator import observe
+from cairn.operator import diagnosis, observe
 
 SUSPEND_REQUEUE_SECONDS = 10.0
+CREATE_ERROR_REQUEUE_SECONDS = 10.0
+"""Retry of a refused create (quota, admission, a name conflict the user may fix)."""
 STALE_STATUS_REQUEUE_SECONDS = 2.0
 DEFAULT_STALE_SECONDS = 3600
 STALE_SLACK_SECONDS = 300
@@ -41,6 +54,8 @@ class Failure:
     rank: int | None = None
     exit_code: int | None = None
     counted: bool = True
+    backoff_seconds: int | None = None
+    """The wait before the next attempt (None: no restart decided yet)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,6 +79,13 @@ class Decision:
     requeue_after: float | None = None
     noop: bool = False
     """Leave the job alone (another controller's, or being deleted)."""
+    not_starting: tuple[str, str] | None = None
+    """(reason, message) for the PodsNotStarting condition."""
+    name_conflict: str | None = None
+    """Message for the NameConflict condition."""
+    progress_step: int | None = None
+    progress_time: datetime.datetime | None = None
+    """When status.step last changed (or the attempt started): progressDeadlineSeconds."""
 
 
 def _failure_of(status: jobstatus.TrainingJobStatus) -> Failure | None:
@@ -78,6 +100,7 @@ def _failure_of(status: jobstatus.TrainingJobStatus) -> Failure | None:
         rank=last.rank,
         exit_code=last.exit_code,
         counted=last.counted,
+        backoff_seconds=last.backoff_seconds,
     )
 
 
@@ -101,6 +124,25 @@ def backoff_seconds(policy: trainingjob.RestartPolicy, *, restarts: int) -> int:
     """Exponential in the number of restarts so far (>= 1), capped."""
     exponent = max(restarts - 1, 0)
     return int(min(policy.backoff_seconds * 2 ** min(exponent, 30), policy.max_backoff_seconds))
+
+
+def next_backoff(
+    policy: trainingjob.RestartPolicy,
+    *,
+    previous: Failure | None,
+    restarts: int,
+    ran_seconds: float | None,
+) -> int:
+    """The wait before restart number ``restarts``: doubling from the previous
+    wait, back to ``backoffSeconds`` after an attempt that ran at least
+    ``backoffResetSeconds`` (a job that trains for hours and is preempted once
+    a day never waits the cap)."""
+    if ran_seconds is not None and ran_seconds >= policy.backoff_reset_seconds:
+        return policy.backoff_seconds
+    if previous is None or previous.backoff_seconds is None:
+        return backoff_seconds(policy, restarts=restarts)
+    doubled = max(previous.backoff_seconds * 2, policy.backoff_seconds)
+    return min(doubled, policy.max_backoff_seconds)
 
 
 def stale_after_seconds(spec: checkpointspec.CheckpointSpec) -> int:
@@ -147,6 +189,8 @@ class _Base:
         self.attempt_start_time = status.attempt_start_time
         self.completion_time = status.completion_time
         self.failure = _failure_of(status)
+        self.progress_step: int | None = None
+        self.progress_time: datetime.datetime | None = None
 
     def decision(
         self, *, phase: jobstatus.Phase, reason: str, message: str, **changes: Any
@@ -162,8 +206,23 @@ class _Base:
             attempt_start_time=self.attempt_start_time,
             completion_time=self.completion_time,
             failure=self.failure,
+            progress_step=self.progress_step,
+            progress_time=self.progress_time,
         )
         return dataclasses.replace(carried, **changes)
+
+    def track_progress(self, job: trainingjob.TrainingJob, now: datetime.datetime) -> None:
+        """A new status.step (or none recorded yet) restarts the progress clock.
+        Only with progressDeadlineSeconds: otherwise every step the writer
+        reports would cost an operator status patch too."""
+        if job.spec.progress_deadline_seconds is None:
+            return
+        status = job.status
+        seen = status.progress
+        if seen is None or seen.step != status.step:
+            self.progress_step, self.progress_time = status.step, now
+        else:
+            self.progress_step, self.progress_time = seen.step, seen.time
 
 
 def _cleanup(
@@ -186,7 +245,17 @@ def _terminal(job: trainingjob.TrainingJob, observed: observe.Observed, base: _B
         doomed = _deletable(observed.pods)
     else:
         doomed += _cleanup(job, observed.pods, keep_attempt=base.attempt)
-    return base.decision(phase=base.phase, reason=reason, message=message, delete=doomed)
+    # Why the pods never started stays visible after the job ended.
+    stuck = cond.find(job.status.conditions, cond.PODS_NOT_STARTING)
+    conflict = cond.find(job.status.conditions, cond.NAME_CONFLICT)
+    return base.decision(
+        phase=base.phase,
+        reason=reason,
+        message=message,
+        delete=doomed,
+        not_starting=(stuck.reason, stuck.message) if stuck and stuck.status == "True" else None,
+        name_conflict=conflict.message if conflict and conflict.status == "True" else None,
+    )
 
 
 def _fail(
@@ -230,6 +299,7 @@ def _start(
         attempt=attempt,
         start_time=base.start_time or now,
         attempt_start_time=now,
+        progress_time=now if job.spec.progress_deadline_seconds is not None else None,
         start_attempt=True,
         resume=resume,
         delete=_cleanup(job, observed.pods, keep_attempt=attempt),
@@ -277,13 +347,19 @@ def _judge(
     pods = observed.pods_of(base.attempt)
     attempt = base.attempt
     for pod in pods:
-        why = None
-        if pod.disruption_reason is not None:
-            why = pod.disruption_reason
-        elif pod.phase == "Unknown":
-            why = "pod phase Unknown"
-        elif pod.deleting and not pod.terminated:
-            why = "pod deleted"
+        if diagnosis.own_eviction(pod):
+            return Failure(
+                attempt=attempt,
+                time=now,
+                reason=cond.REASON_EVICTED,
+                message=cond.MSG_EVICTED.format(
+                    attempt=attempt, rank=pod.rank, message=pod.pod_message
+                ),
+                rank=pod.rank,
+                counted=True,
+            )
+    for pod in pods:
+        why = diagnosis.lost(pod)
         if why is not None:
             return Failure(
                 attempt=attempt,
@@ -310,9 +386,30 @@ def _judge(
     failed = [p for p in pods if p.phase == "Failed"]
     if not failed:
         return None
+    config = next(
+        (p for p in failed if exitcodes.is_config_error(p.exit_code, p.termination_message)),
+        None,
+    )
+    if config is not None:
+        # Deterministic: every rank would refuse the same configuration again.
+        return Failure(
+            attempt=attempt,
+            time=now,
+            reason=cond.REASON_CONFIG_ERROR,
+            message=cond.MSG_CONFIG_ERROR.format(
+                attempt=attempt,
+                rank=config.rank,
+                message=config.termination_message.strip() or cond.MSG_CONFIG_ERROR_DEFAULT,
+            ),
+            rank=config.rank,
+            exit_code=config.exit_code,
+            counted=False,
+        )
     far = datetime.datetime.max.replace(tzinfo=UTC)
     root = min(failed, key=lambda p: (p.finished_at or far, p.rank))
     detail = f" ({root.termination_reason})" if root.termination_reason else ""
+    if root.termination_message.strip():
+        detail += f": {root.termination_message.strip()}"
     return Failure(
         attempt=attempt,
         time=now,
@@ -335,6 +432,16 @@ def _after_failure(
     now: datetime.datetime,
 ) -> Decision:
     policy = job.spec.restart_policy
+    if failure.reason == cond.REASON_CONFIG_ERROR:
+        return _fail(
+            job,
+            observed,
+            base,
+            reason=cond.REASON_CONFIG_ERROR,
+            message=failure.message,
+            now=now,
+            failure=failure,
+        )
     if failure.counted and not _retryable(policy, failure.exit_code):
         return _fail(
             job,
@@ -359,8 +466,28 @@ def _after_failure(
             failure=failure,
             counted=counted,
         )
+    preemptions = base.restarts - base.counted + (0 if failure.counted else 1)
+    if preemptions > policy.max_preemptions:
+        return _fail(
+            job,
+            observed,
+            base,
+            reason=cond.REASON_MAX_PREEMPTIONS,
+            message=cond.MSG_MAX_PREEMPTIONS.format(
+                failure=failure.message, count=preemptions, limit=policy.max_preemptions
+            ),
+            now=now,
+            failure=failure,
+        )
     restarts = base.restarts + 1
-    delay = backoff_seconds(policy, restarts=restarts)
+    started = base.attempt_start_time
+    delay = next_backoff(
+        policy,
+        previous=base.failure,
+        restarts=restarts,
+        ran_seconds=(failure.time - started).total_seconds() if started else None,
+    )
+    failure = dataclasses.replace(failure, backoff_seconds=delay)
     return base.decision(
         phase="Restarting",
         reason=failure.reason,
@@ -395,7 +522,11 @@ def _restarting(
             delete=_deletable(live),
             requeue_after=SUSPEND_REQUEUE_SECONDS,
         )
-    delay = backoff_seconds(job.spec.restart_policy, restarts=base.restarts)
+    delay = (
+        failure.backoff_seconds
+        if failure is not None and failure.backoff_seconds is not None
+        else backoff_seconds(job.spec.restart_policy, restarts=base.restarts)
+    )
     since = failure.time if failure else now
     remaining = (since - now).total_seconds() + delay
     if remaining > 0:
@@ -437,30 +568,140 @@ def _active(
     deadline = _deadline_in(job, start=base.start_time, now=now)
     running = sum(1 for p in by_rank.values() if p.phase in ("Running", "Succeeded"))
     if running == nodes:
-        stale_in: float | None = None
-        reference = stale_reference(job)
-        if reference is not None:
-            limit = stale_after_seconds(job.spec.checkpoint)
-            left = (reference - now).total_seconds() + limit
-            stale_in = left if left > 0 else None
-        waits = [w for w in (deadline, stale_in) if w is not None]
-        return base.decision(
-            phase="Running",
-            reason=cond.REASON_RUNNING,
-            message=cond.MSG_RUNNING.format(attempt=base.attempt, nodes=nodes),
-            delete=cleanup,
-            requeue_after=min(waits) if waits else None,
+        return _running(job, observed, base, cleanup=cleanup, deadline=deadline, now=now)
+    return _starting(job, observed, base, cleanup=cleanup, deadline=deadline, now=now)
+
+
+def _running(
+    job: trainingjob.TrainingJob,
+    observed: observe.Observed,
+    base: _Base,
+    *,
+    cleanup: tuple[observe.ObservedPod, ...],
+    deadline: float | None,
+    now: datetime.datetime,
+) -> Decision:
+    nodes = job.spec.nodes
+    stale_in: float | None = None
+    reference = stale_reference(job)
+    if reference is not None:
+        limit = stale_after_seconds(job.spec.checkpoint)
+        left = (reference - now).total_seconds() + limit
+        stale_in = left if left > 0 else None
+    progress_in = _progress_left(job, base, now=now)
+    if progress_in is not None and progress_in <= 0:
+        seconds = job.spec.progress_deadline_seconds
+        failure = Failure(
+            attempt=base.attempt,
+            time=now,
+            reason=cond.REASON_PROGRESS_DEADLINE,
+            message=cond.MSG_PROGRESS_DEADLINE.format(
+                attempt=base.attempt,
+                seconds=seconds,
+                step="none" if job.status.step is None else job.status.step,
+            ),
+            counted=True,
         )
-    # Starting: (re)create whatever ranks are missing; creates are idempotent.
+        return _after_failure(job, observed, base, failure, now=now)
+    waits = [w for w in (deadline, stale_in, progress_in) if w is not None]
+    return base.decision(
+        phase="Running",
+        reason=cond.REASON_RUNNING,
+        message=cond.MSG_RUNNING.format(attempt=base.attempt, nodes=nodes),
+        delete=cleanup,
+        requeue_after=min(waits) if waits else None,
+    )
+
+
+def _progress_left(
+    job: trainingjob.TrainingJob, base: _Base, *, now: datetime.datetime
+) -> float | None:
+    """Seconds until progressDeadlineSeconds runs out (None: not checked). The
+    clock starts at the later of the last step change and the attempt's start."""
+    limit = job.spec.progress_deadline_seconds
+    times = [t for t in (base.progress_time, base.attempt_start_time) if t is not None]
+    if limit is None or not times:
+        return None
+    return (max(times) - now).total_seconds() + limit
+
+
+def _starting(
+    job: trainingjob.TrainingJob,
+    observed: observe.Observed,
+    base: _Base,
+    *,
+    cleanup: tuple[observe.ObservedPod, ...],
+    deadline: float | None,
+    now: datetime.datetime,
+) -> Decision:
+    """Pods missing or not all running: (re)create, and say why they do not run."""
+    nodes = job.spec.nodes
+    pods = observed.pods_of(base.attempt)
+    by_rank = {p.rank: p for p in pods}
+    running = sum(1 for p in by_rank.values() if p.phase in ("Running", "Succeeded"))
+    errors = observed.create_errors
+    invalid = next((e for e in errors if e.invalid), None)
+    not_starting, name_conflict = diagnosis.create_problem(errors)
+    if invalid is not None:
+        failed = _fail(
+            job,
+            observed,
+            base,
+            reason=cond.REASON_INVALID_POD_SPEC,
+            message=cond.MSG_INVALID_POD_SPEC.format(
+                kind=invalid.kind, name=invalid.name, message=invalid.message
+            ),
+            now=now,
+        )
+        return dataclasses.replace(failed, not_starting=not_starting)
+    not_starting = not_starting or diagnosis.pod_problem(pods, attempt=base.attempt)
+    startup_in = _startup_left(job, base, now=now)
+    if startup_in is not None and startup_in <= 0:
+        detail = f": {not_starting[1]}" if not_starting else ""
+        if name_conflict:
+            detail = f": {name_conflict}"
+        failure = Failure(
+            attempt=base.attempt,
+            time=now,
+            reason=cond.REASON_STARTUP_DEADLINE,
+            message=cond.MSG_STARTUP_DEADLINE.format(
+                attempt=base.attempt, seconds=job.spec.startup_deadline_seconds, detail=detail
+            ),
+            counted=True,
+        )
+        return _after_failure(job, observed, base, failure, now=now)
+    progress = cond.MSG_PODS_STARTING.format(attempt=base.attempt, running=running, nodes=nodes)
+    message = progress
+    reason = cond.REASON_PODS_STARTING
+    if name_conflict is not None:
+        reason, message = cond.REASON_NAME_CONFLICT, f"{name_conflict}; {progress}"
+    elif not_starting is not None:
+        reason, message = cond.REASON_PODS_NOT_STARTING, f"{not_starting[1]}; {progress}"
+    waits = [w for w in (deadline, startup_in) if w is not None]
+    if errors:
+        waits.append(CREATE_ERROR_REQUEUE_SECONDS)
     return base.decision(
         phase="Starting",
-        reason=cond.REASON_PODS_STARTING,
-        message=cond.MSG_PODS_STARTING.format(attempt=base.attempt, running=running, nodes=nodes),
+        reason=reason,
+        message=message,
+        # Creates are idempotent; with a name conflict nothing is created until
+        # the user resolves it (the retry finds out).
         start_attempt=len(by_rank) < nodes,
         resume=resume_target(job) if len(by_rank) < nodes else None,
         delete=cleanup,
-        requeue_after=deadline,
+        requeue_after=min(waits) if waits else None,
+        not_starting=not_starting,
+        name_conflict=name_conflict,
     )
+
+
+def _startup_left(
+    job: trainingjob.TrainingJob, base: _Base, *, now: datetime.datetime
+) -> float | None:
+    started = base.attempt_start_time
+    if started is None:
+        return None
+    return (started - now).total_seconds() + job.spec.startup_deadline_seconds
 
 
 def decide(
@@ -468,6 +709,7 @@ def decide(
 ) -> Decision:
     """The one function that computes the phase."""
     base = _Base(job.status)
+    base.track_progress(job, now)
     if not job.spec.managed_by_cairn or job.metadata.deletion_timestamp is not None:
         return base.decision(phase=base.phase, reason="", message="", noop=True)
     if base.phase in jobstatus.TERMINAL_PHASES:

@@ -1,8 +1,9 @@
-"""What one reconcile observed: the job, the pods of the job, lost nodes.
+"""What one reconcile observed: the job, the pods of the job, failed creates.
 
 Pure: turns the raw dicts kopf hands to ``handlers`` into frozen values that
 ``plan.plan()`` decides on. Nothing here talks to the API server; the
-handler passes in what its watches and indexes already hold.
+handler passes in what its watches and indexes hold, a fresh pod list on
+resync, and the children ``effects`` failed to create last time.
 
 A job whose spec passed the schema but not the models (a semantic error, or
 an object stored before a CRD upgrade) parses into :class:`InvalidJob`, so
@@ -43,10 +44,56 @@ class ObservedPod:
     """Reason of a True DisruptionTarget condition (eviction, preemption, taint)."""
     node_name: str | None = None
     ready: bool = False
+    waiting_reason: str | None = None
+    """Why a container of the pod does not run yet (a reason the kubelet reports
+    that is not plain progress: CreateContainerConfigError, ImagePullBackOff…)."""
+    waiting_message: str = ""
+    unschedulable: str | None = None
+    """The scheduler's message while PodScheduled is False (Unschedulable)."""
+    termination_message: str = ""
+    """The trainer container's termination message (its exit reason in words)."""
+    pod_reason: str | None = None
+    """status.reason of the pod, e.g. Evicted (with ``pod_message``)."""
+    pod_message: str = ""
 
     @property
     def terminated(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def not_starting(self) -> tuple[str, str] | None:
+        """(reason, message) if the pod is stuck before its trainer runs."""
+        if self.phase != "Pending":
+            return None
+        if self.waiting_reason is not None:
+            return self.waiting_reason, self.waiting_message
+        if self.unschedulable is not None:
+            return UNSCHEDULABLE, self.unschedulable
+        return None
+
+
+UNSCHEDULABLE = "Unschedulable"
+PROGRESS_WAITING_REASONS: frozenset[str] = frozenset({"ContainerCreating", "PodInitializing"})
+"""Waiting reasons that mean "on its way"; any other one is a problem to show."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CreateError:
+    """A child ``effects`` could not create: what the API server said."""
+
+    kind: str
+    name: str
+    code: int
+    """HTTP status: 422 invalid, 403 forbidden (admission, quota), 409 name taken…"""
+    reason: str
+    message: str
+    conflict: bool = False
+    """409 for an object this job does not own (never adopted)."""
+
+    @property
+    def invalid(self) -> bool:
+        """A deterministic refusal: the same object is refused again."""
+        return self.code == 422
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,6 +110,8 @@ class Observed:
     """Everything the plan may look at besides the job and the clock."""
 
     pods: tuple[ObservedPod, ...] = ()
+    create_errors: tuple[CreateError, ...] = ()
+    """What the last apply failed to create (empty once a create works)."""
 
     def pods_of(self, attempt: int) -> tuple[ObservedPod, ...]:
         return tuple(p for p in self.pods if p.attempt == attempt)
@@ -119,6 +168,7 @@ def parse_pod(body: Mapping[str, Any]) -> ObservedPod | None:
     exit_code: int | None = None
     reason: str | None = None
     finished: datetime.datetime | None = None
+    message = ""
     for container in status.get("containerStatuses") or ():
         if container.get("name") != names.CONTAINER:
             continue
@@ -127,14 +177,22 @@ def parse_pod(body: Mapping[str, Any]) -> ObservedPod | None:
             exit_code = int(terminated.get("exitCode", 0))
             reason = terminated.get("reason")
             finished = _parse_time(terminated.get("finishedAt"))
+            message = str(terminated.get("message") or "")
+    waiting, waiting_message = _waiting(status)
     disruption: str | None = None
     ready = False
+    unschedulable: str | None = None
     for condition in status.get("conditions") or ():
+        kind = condition.get("type")
+        if (kind, condition.get("status")) == ("PodScheduled", "False") and condition.get(
+            "reason"
+        ) == UNSCHEDULABLE:
+            unschedulable = str(condition.get("message") or UNSCHEDULABLE)
         if condition.get("status") != "True":
             continue
-        if condition.get("type") == "DisruptionTarget":
+        if kind == "DisruptionTarget":
             disruption = condition.get("reason") or "DisruptionTarget"
-        elif condition.get("type") == "Ready":
+        elif kind == "Ready":
             ready = True
     return ObservedPod(
         name=str(metadata.get("name", "")),
@@ -149,11 +207,38 @@ def parse_pod(body: Mapping[str, Any]) -> ObservedPod | None:
         disruption_reason=disruption,
         node_name=(body.get("spec") or {}).get("nodeName"),
         ready=ready,
+        waiting_reason=waiting,
+        waiting_message=waiting_message,
+        unschedulable=unschedulable,
+        termination_message=message,
+        pod_reason=status.get("reason"),
+        pod_message=str(status.get("message") or ""),
     )
 
 
-def observe(*, pods: Iterable[Mapping[str, Any]]) -> Observed:
+def _waiting(status: Mapping[str, Any]) -> tuple[str | None, str]:
+    """The first container (init containers first) waiting for a reason that is
+    a problem, not progress: (reason, "container: message")."""
+    containers = [
+        *(status.get("initContainerStatuses") or ()),
+        *(status.get("containerStatuses") or ()),
+    ]
+    for container in containers:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason and reason not in PROGRESS_WAITING_REASONS:
+            detail = str(waiting.get("message") or "")
+            # Condition and Event reasons are CamelCase words; be safe with odd kubelets.
+            word = "".join(str(reason).split())
+            return word, f"container {container.get('name')}: {detail}".rstrip(": ")
+    return None, ""
+
+
+def observe(
+    *, pods: Iterable[Mapping[str, Any]], create_errors: Iterable[CreateError] = ()
+) -> Observed:
     parsed = (parse_pod(p) for p in pods)
     return Observed(
         pods=tuple(sorted((p for p in parsed if p), key=lambda p: (p.attempt, p.rank))),
+        create_errors=tuple(create_errors),
     )

@@ -13,12 +13,12 @@ Read top to bottom: lifecycle.decide -> builders -> status.patch -> events.
 
 import dataclasses
 import datetime
-from typing import Any, Literal
+from typing import Any
 
 from cairn.api import jobstatus, trainingjob
 from cairn.operator import builders, k8stypes, lifecycle, observe, status
+from cairn.operator import conditions as cond
 
-EventType = Literal["Normal", "Warning"]
 _WARNING_PHASES: frozenset[str] = frozenset({"Failed", "Restarting"})
 
 
@@ -33,15 +33,6 @@ class Delete:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Event:
-    """A Kubernetes Event on the TrainingJob."""
-
-    type: EventType
-    reason: str
-    message: str
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
     """Everything one reconcile should do, in the order effects applies it."""
 
@@ -49,7 +40,7 @@ class Plan:
     """None: the status is already as desired."""
     deletes: tuple[Delete, ...] = ()
     creates: tuple[k8stypes.Child, ...] = ()
-    events: tuple[Event, ...] = ()
+    events: tuple[k8stypes.Event, ...] = ()
     requeue_after: float | None = None
     decision: lifecycle.Decision | None = None
     """Why: kept for logs and tests."""
@@ -72,7 +63,7 @@ def _status_changed(previous: jobstatus.TrainingJobStatus, patch: k8stypes.Statu
 
 def _events(
     previous: jobstatus.TrainingJobStatus, decision: lifecycle.Decision
-) -> tuple[Event, ...]:
+) -> tuple[k8stypes.Event, ...]:
     """One event per transition: a phase change or a new attempt."""
     changed = (previous.phase or "Pending") != decision.phase
     new_attempt = (previous.attempt or 0) != decision.attempt
@@ -81,8 +72,30 @@ def _events(
     )
     if not (changed or new_attempt or new_failure):
         return ()
-    kind: EventType = "Warning" if decision.phase in _WARNING_PHASES else "Normal"
-    return (Event(type=kind, reason=decision.reason, message=decision.message),)
+    kind: k8stypes.EventType = "Warning" if decision.phase in _WARNING_PHASES else "Normal"
+    return (k8stypes.Event(type=kind, reason=decision.reason, message=decision.message),)
+
+
+def _problem_events(
+    previous: jobstatus.TrainingJobStatus, patch: k8stypes.StatusPatch
+) -> tuple[k8stypes.Event, ...]:
+    """A Warning for each abnormal-true condition that turned True or now says
+    something new (FailedCreate, NameConflict, ImagePullBackOff…); repeats of
+    the same problem post nothing."""
+    before = {c.type: c for c in previous.conditions or ()}
+    out = []
+    for now in patch.get("conditions", []):
+        if now["type"] not in cond.WARNING_CONDITIONS or now["status"] != "True":
+            continue
+        old = before.get(now["type"])
+        if old is not None and (old.status, old.reason, old.message) == (
+            "True",
+            now["reason"],
+            now["message"],
+        ):
+            continue
+        out.append(k8stypes.Event(type="Warning", reason=now["reason"], message=now["message"]))
+    return tuple(out)
 
 
 def _deletes(metadata: trainingjob.ObjectMeta, decision: lifecycle.Decision) -> tuple[Delete, ...]:
@@ -123,7 +136,7 @@ def plan(
         status=patch if _status_changed(job.status, patch) else None,
         deletes=_deletes(job.metadata, decision),
         creates=tuple(creates),
-        events=_events(job.status, decision),
+        events=_events(job.status, decision) + _problem_events(job.status, patch),
         requeue_after=decision.requeue_after,
         decision=decision,
     )

@@ -18,7 +18,9 @@ Secrets: only ``get`` (no list, no watch): ``s3store`` reads the one Secret a
 job's ``upload.credentialsSecretRef`` names, by name, when it verifies,
 applies retention or cleans up the job's S3 prefix; the pods still get the
 values only through ``secretKeyRef``. Not granted on purpose: nodes, ``update`` (everything is
-created, patched or deleted), ``escalate``/``bind`` (the per-job Role it
+created, patched or deleted; the one exception is ``trainingjobs/finalizers``, which
+``OwnerReferencesPermissionEnforcement`` checks before it lets a child carry
+``blockOwnerDeletion``), ``escalate``/``bind`` (the per-job Role it
 creates grants only ``get``/``patch`` on the job's ``/status``, which the
 operator itself holds, so RBAC's escalation check passes without them).
 """
@@ -41,11 +43,15 @@ def _rule(group: str, resources: list[str], verbs: list[str]) -> PolicyRule:
 
 
 NAMESPACED_RULES: Final[tuple[PolicyRule, ...]] = (
-    # handlers: kopf watches jobs, and patches metadata (finalizer, progress annotations).
-    _rule(trainingjob.GROUP, [trainingjob.PLURAL], ["get", "list", "watch", "patch"]),
+    # handlers: kopf watches jobs, and patches metadata (finalizer, progress annotations);
+    # ttl_loop deletes a finished job after spec.ttlSecondsAfterFinished.
+    _rule(trainingjob.GROUP, [trainingjob.PLURAL], ["get", "list", "watch", "patch", "delete"]),
     # effects.apply: the status merge patch. `get` as well: the per-job Role grants
     # get/patch on /status, and RBAC only lets us grant what we hold.
     _rule(trainingjob.GROUP, [f"{trainingjob.PLURAL}/status"], ["get", "patch"]),
+    # effects: children carry blockOwnerDeletion; where OwnerReferencesPermissionEnforcement
+    # is on (OpenShift, the devcluster) that needs update on the owner's finalizers.
+    _rule(trainingjob.GROUP, [f"{trainingjob.PLURAL}/finalizers"], ["update"]),
     # handlers: the pod index and pod events; effects: create ranks, delete them.
     _rule("", ["pods"], ["get", "list", "watch", "create", "delete"]),
     # effects: the per-job headless Service and ServiceAccount.
@@ -67,6 +73,17 @@ CLUSTER_RULES: Final[tuple[PolicyRule, ...]] = (
 )
 
 
+LEADER_RULES: Final[tuple[PolicyRule, ...]] = (
+    # leader: the election Lease, in the operator's own namespace only.
+    _rule("coordination.k8s.io", ["leases"], ["get", "create", "update"]),
+)
+
+
 def rules() -> dict[str, list[PolicyRule]]:
-    """Both rule sets, keyed as the chart reads them (``namespaced``, ``cluster``)."""
-    return {"namespaced": list(NAMESPACED_RULES), "cluster": list(CLUSTER_RULES)}
+    """The rule sets, keyed as the chart reads them (``namespaced``, ``cluster``,
+    ``leader``: a Role in the release namespace when leader election is on)."""
+    return {
+        "namespaced": list(NAMESPACED_RULES),
+        "cluster": list(CLUSTER_RULES),
+        "leader": list(LEADER_RULES),
+    }

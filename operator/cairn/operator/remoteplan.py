@@ -1,9 +1,12 @@
 """What the operator decides about a job's S3 prefix: verification and retention.
 
-Pure: a listing of the prefix (step folders -> objects with size and, where
-the store returns one, its full-object CRC32C), the parsed manifests, the
-job's remote retention and the steps that must stay in, a ``RemotePlan`` out.
-``s3store`` does the I/O; ``handlers`` applies the plan.
+Pure: the plan step of the S3 pass (``storage``: observe -> plan -> apply).
+An ``Observation`` of the prefix (step folders -> objects with size and,
+where the store returns one, its full-object CRC32C; the parsed manifests),
+the job's remote retention and the steps that must stay in; a ``RemotePlan``
+out (``plan_job``), and from it the ``status.storage`` merge patch and the
+Events (``storage_update``). ``s3store`` observes and deletes; ``storage``
+applies.
 
 Verification of a step: its manifest object exists and parses, its ``step``
 matches the folder, and every file it lists exists with the listed size and,
@@ -32,11 +35,13 @@ import base64
 import binascii
 import dataclasses
 import datetime
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from cairn.api import checkpointspec, jobstatus, retention
+from cairn.api import checkpointspec, jobstatus, retention, trainingjob
 from cairn.api import manifest as manifest_mod
+from cairn.operator import clock, k8stypes
 
 Method = Literal["crc32c", "size"]
 
@@ -60,6 +65,20 @@ class ManifestError:
     """The manifest object exists but could not be read or parsed."""
 
     message: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Observation:
+    """What ``s3store.observe`` saw under the prefix: the plan's S3 input."""
+
+    listing: Mapping[int, StepObjects]
+    """Every ``step-<N>`` folder's objects."""
+    manifests: Mapping[int, manifest_mod.Manifest | ManifestError]
+    """The read result of each folder's ``manifest.json``, where there is one."""
+    aside_steps: frozenset[int] = frozenset()
+    """Steps with a manifest moved aside under ``<prefix>/.cairn/`` (superseded,
+    quarantined, foreign): their data objects stay in ``step-<N>/`` and are
+    referenced from there, so they are never abandoned partials."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -140,7 +159,9 @@ def verify_step(
         )
     size_only: list[str] = []
     for entry in manifest.files:
-        found = objects.get(entry.path)
+        # Data keys resolve through the manifest: attempt-scoped under
+        # `data_prefix`, or directly under the step (older Cairn).
+        found = objects.get(manifest.data_key(entry.path))
         if found is None:
             return Verdict(step=step, verified=False, reason=f"{entry.path} is missing")
         if found.size != entry.size:
@@ -171,6 +192,58 @@ def verify_step(
     )
 
 
+def protected_steps(
+    job: trainingjob.TrainingJob, status: jobstatus.TrainingJobStatus
+) -> frozenset[int]:
+    """Steps retention never deletes: what the job resumed from or will resume from. Pure."""
+    keep: set[int] = set()
+    ckpts = status.checkpoints
+    if ckpts is not None and ckpts.resumed_from is not None:
+        keep.add(ckpts.resumed_from.step)
+    if job.spec.checkpoint.resume.step is not None:
+        keep.add(job.spec.checkpoint.resume.step)
+    return frozenset(keep)
+
+
+_DATA_PREFIX = re.compile(r"^a\d+-([0-9A-Za-z-]{1,8})/")
+
+
+def _own_partial(path: str, own_uid8: str | None) -> bool:
+    """Whether an object of a manifest-less step folder is this job's to delete. Pure.
+
+    Attempt-scoped data (``a<attempt>-<uid8>/…``) belongs to the job whose
+    UID starts with ``uid8``; another job's (a zombie of a deleted job, an
+    import) is not ours and is kept. Objects directly under ``step-<N>/``
+    (Cairn before attempt-scoped keys) are this job's, as they always were.
+    """
+    match = _DATA_PREFIX.match(path)
+    return match is None or own_uid8 is None or match.group(1) == own_uid8
+
+
+def plan_job(
+    *,
+    job: trainingjob.TrainingJob,
+    status: jobstatus.TrainingJobStatus,
+    observation: Observation,
+) -> RemotePlan:
+    """``plan`` with the job's retention and the writer's reported progress. Pure."""
+    ckpts = status.checkpoints
+    in_flight = frozenset(f.step for f in (ckpts.in_flight or ())) if ckpts else frozenset()
+    last_committed = (
+        ckpts.last_committed.step if ckpts is not None and ckpts.last_committed else None
+    )
+    return plan(
+        listing=observation.listing,
+        manifests=observation.manifests,
+        remote=job.spec.checkpoint.retention.remote,
+        protected=protected_steps(job, status),
+        in_flight=in_flight,
+        last_committed=last_committed,
+        aside=observation.aside_steps,
+        own_uid8=job.metadata.uid[:8] or None,
+    )
+
+
 def plan(
     *,
     listing: Mapping[int, StepObjects],
@@ -179,6 +252,8 @@ def plan(
     protected: frozenset[int] = frozenset(),
     in_flight: frozenset[int] = frozenset(),
     last_committed: int | None = None,
+    aside: frozenset[int] = frozenset(),
+    own_uid8: str | None = None,
 ) -> RemotePlan:
     """Verify every step with a manifest and decide what retention deletes. Pure.
 
@@ -222,7 +297,9 @@ def plan(
         ]
     deletions = [
         StepDeletion(
-            step=step, paths=tuple(retention.deletion_order(list(listing[step]))), partial=False
+            step=step,
+            paths=tuple(retention.deletion_order(_listed_keys(listing[step], manifests[step]))),
+            partial=False,
         )
         for step in doomed
     ]
@@ -234,10 +311,11 @@ def plan(
                 or step in in_flight
                 or (last_committed is not None and step >= last_committed)
             )
-            if step < newest_verified.step and step not in keep and not maybe_uploading:
-                deletions.append(
-                    StepDeletion(step=step, paths=tuple(sorted(listing[step])), partial=True)
-                )
+            if step in aside or step in keep or maybe_uploading or step >= newest_verified.step:
+                continue
+            paths = tuple(sorted(p for p in listing[step] if _own_partial(p, own_uid8)))
+            if paths:
+                deletions.append(StepDeletion(step=step, paths=paths, partial=True))
     gone = {d.step for d in deletions}
     return RemotePlan(
         verdicts=verdicts,
@@ -247,17 +325,18 @@ def plan(
     )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Notice:
-    """A Kubernetes Event the operator posts about the prefix."""
+def _listed_keys(
+    objects: StepObjects, manifest: manifest_mod.Manifest | ManifestError
+) -> list[str]:
+    """The manifest and exactly the objects it lists (present ones). Pure.
 
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-def _time(now: datetime.datetime) -> str:
-    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    Objects of other attempts under the same step (a zombie's upload, a
+    superseded lineage's data) are not this step's to delete.
+    """
+    if not isinstance(manifest, manifest_mod.Manifest):
+        return list(objects)
+    listed = {manifest.data_key(entry.path) for entry in manifest.files}
+    return [p for p in objects if p == manifest_mod.MANIFEST_NAME or p in listed]
 
 
 def storage_update(
@@ -267,7 +346,7 @@ def storage_update(
     deleted: tuple[int, ...],
     error: str | None,
     now: datetime.datetime,
-) -> tuple[dict[str, Any] | None, tuple[Notice, ...]]:
+) -> tuple[dict[str, Any] | None, tuple[k8stypes.Event, ...]]:
     """The ``status.storage`` merge patch (None: nothing changed) and the events. Pure.
 
     ``result`` is None when the prefix could not be read (``error`` says why);
@@ -278,7 +357,7 @@ def storage_update(
     """
     before = previous or jobstatus.StorageStatus()
     patch: dict[str, Any] = {}
-    notices: list[Notice] = []
+    events: list[k8stypes.Event] = []
     if error != before.last_error:
         patch["lastError"] = error
     if result is None:
@@ -286,11 +365,11 @@ def storage_update(
     newest = result.newest_verified
     if newest is not None and newest.step != before.verified_step:
         patch["verifiedStep"] = newest.step
-        patch["verifiedTime"] = _time(now)
+        patch["verifiedTime"] = clock.rfc3339(now)
         patch["verifiedBy"] = newest.method
         how = "CRC32C" if newest.method == "crc32c" else "size only"
-        notices.append(
-            Notice(
+        events.append(
+            k8stypes.Event(
                 type="Normal",
                 reason="CheckpointVerified",
                 message=f"step {newest.step} verified in S3 ({newest.files} files, {newest.bytes} bytes, {how})"
@@ -303,8 +382,8 @@ def storage_update(
     known_corrupt = set(before.corrupt_steps or ())
     for verdict in result.failed:
         if verdict.step not in known_corrupt:
-            notices.append(
-                Notice(
+            events.append(
+                k8stypes.Event(
                     type="Warning",
                     reason="VerificationFailed",
                     message=f"step {verdict.step} failed verification: {verdict.reason}",
@@ -316,12 +395,12 @@ def storage_update(
     if remote_steps != list(before.remote_steps or []):
         patch["remoteSteps"] = remote_steps
     if deleted:
-        patch["lastRetentionTime"] = _time(now)
-        notices.append(
-            Notice(
+        patch["lastRetentionTime"] = clock.rfc3339(now)
+        events.append(
+            k8stypes.Event(
                 type="Normal",
                 reason="RetentionDeleted",
                 message="deleted steps " + ", ".join(str(s) for s in deleted) + " from S3",
             )
         )
-    return (patch or None), tuple(notices)
+    return (patch or None), tuple(events)

@@ -29,19 +29,12 @@ import pydantic
 from kubernetes import client as k8s
 from kubernetes.client import exceptions as k8s_exceptions
 
-from cairn.api import checkpointspec
+from cairn.api import checkpointspec, retention
 from cairn.api import manifest as manifest_mod
-from cairn.operator import remoteplan
+from cairn.operator import remoteplan, tunables
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-DEFAULT_REGION = "us-east-1"
-MAX_ATTEMPTS = 4
-CONNECT_TIMEOUT = 5.0
-READ_TIMEOUT = 20.0
-DELETE_BATCH = 1000
-MANIFEST_MAX_BYTES = 16 * 1024 * 1024
 
 
 class StoreError(Exception):
@@ -116,14 +109,18 @@ def credentials(
 
 
 def make_client(
-    upload: checkpointspec.UploadSpec, *, access_key: str | None, secret_key: str | None
+    upload: checkpointspec.UploadSpec,
+    *,
+    access_key: str | None,
+    secret_key: str | None,
+    bounds: tunables.S3 = tunables.DEFAULT.s3,
 ) -> S3Client:
     """An S3 client for the job's store, with bounded retries and timeouts."""
     config = botocore.config.Config(
-        region_name=upload.region or DEFAULT_REGION,
-        connect_timeout=CONNECT_TIMEOUT,
-        read_timeout=READ_TIMEOUT,
-        retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+        region_name=upload.region or bounds.default_region,
+        connect_timeout=bounds.connect_timeout_seconds,
+        read_timeout=bounds.read_timeout_seconds,
+        retries={"max_attempts": bounds.max_attempts, "mode": "standard"},
         # As the writer: checksums where an operation needs one (some
         # S3-compatible stores reject the default trailing checksums).
         request_checksum_calculation="when_required",
@@ -161,7 +158,14 @@ class Listed:
 
 def list_steps(s3: S3Client, target: Target) -> dict[int, dict[str, Listed]]:
     """Every object under ``<prefix>/step-<N>/``, by step and relative path."""
+    return _list(s3, target)[0]
+
+
+def _list(s3: S3Client, target: Target) -> tuple[dict[int, dict[str, Listed]], frozenset[int]]:
+    """``list_steps``, plus the steps named by a manifest moved aside under
+    ``<prefix>/.cairn/<kind>/<tag>/step-<N>/manifest.json``."""
     steps: dict[int, dict[str, Listed]] = {}
+    aside: set[int] = set()
     try:
         pages = s3.get_paginator("list_objects_v2").paginate(
             Bucket=target.bucket, Prefix=target.base
@@ -170,6 +174,13 @@ def list_steps(s3: S3Client, target: Target) -> dict[int, dict[str, Listed]]:
             for obj in page.get("Contents", []):
                 rest = obj["Key"][len(target.base) :]
                 folder, _, path = rest.partition("/")
+                if folder == ".cairn":
+                    parts = path.split("/")
+                    if len(parts) >= 2 and parts[-1] == manifest_mod.MANIFEST_NAME:
+                        moved = manifest_mod.parse_step_dir_name(parts[-2])
+                        if moved is not None:
+                            aside.add(moved)
+                    continue
                 step = manifest_mod.parse_step_dir_name(folder)
                 if step is None or not path:
                     continue
@@ -178,13 +189,13 @@ def list_steps(s3: S3Client, target: Target) -> dict[int, dict[str, Listed]]:
                 )
     except _ERRORS as error:
         raise _fail(f"listing s3://{target.bucket}/{target.base}", error) from None
-    return steps
+    return steps, frozenset(aside)
 
 
 class HeadCache:
     """Full-object CRC32C per (key, ETag): an unchanged object is headed once."""
 
-    def __init__(self, limit: int = 20000) -> None:
+    def __init__(self, limit: int = tunables.DEFAULT.s3.head_cache_entries) -> None:
         self._items: dict[tuple[str, str], str | None] = {}
         self._limit = limit
 
@@ -207,11 +218,15 @@ def head_crc32c(s3: S3Client, bucket: str, key: str) -> tuple[int, str | None]:
 
 
 def read_manifest(
-    s3: S3Client, target: Target, step: int
+    s3: S3Client,
+    target: Target,
+    step: int,
+    *,
+    max_bytes: int = tunables.DEFAULT.s3.manifest_max_bytes,
 ) -> manifest_mod.Manifest | remoteplan.ManifestError:
     key = target.key(step, manifest_mod.MANIFEST_NAME)
     try:
-        body = s3.get_object(Bucket=target.bucket, Key=key)["Body"].read(MANIFEST_MAX_BYTES)
+        body = s3.get_object(Bucket=target.bucket, Key=key)["Body"].read(max_bytes)
     except _ERRORS as error:
         raise _fail(f"reading s3://{target.bucket}/{key}", error) from None
     try:
@@ -221,15 +236,11 @@ def read_manifest(
         return remoteplan.ManifestError(message=first)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Observation:
-    listing: dict[int, dict[str, remoteplan.RemoteObject]]
-    manifests: dict[int, manifest_mod.Manifest | remoteplan.ManifestError]
-
-
-def observe(s3: S3Client, target: Target, *, cache: HeadCache | None = None) -> Observation:
+def observe(
+    s3: S3Client, target: Target, *, cache: HeadCache | None = None
+) -> remoteplan.Observation:
     """List the prefix, read each manifest, head the files each manifest lists."""
-    listed = list_steps(s3, target)
+    listed, aside = _list(s3, target)
     cache = cache or HeadCache()
     listing: dict[int, dict[str, remoteplan.RemoteObject]] = {}
     manifests: dict[int, manifest_mod.Manifest | remoteplan.ManifestError] = {}
@@ -237,7 +248,7 @@ def observe(s3: S3Client, target: Target, *, cache: HeadCache | None = None) -> 
         if manifest_mod.MANIFEST_NAME in objects:
             manifests[step] = read_manifest(s3, target, step)
         wanted = (
-            {entry.path for entry in found.files}
+            {found.data_key(entry.path) for entry in found.files}
             if isinstance(found := manifests.get(step), manifest_mod.Manifest)
             else set()
         )
@@ -254,12 +265,14 @@ def observe(s3: S3Client, target: Target, *, cache: HeadCache | None = None) -> 
                         raise _fail(f"head of s3://{target.bucket}/{key}", error) from None
                     cache.put(key, item.etag, crc)
             listing[step][path] = remoteplan.RemoteObject(size=item.size, crc32c=crc)
-    return Observation(listing=listing, manifests=manifests)
+    return remoteplan.Observation(listing=listing, manifests=manifests, aside_steps=aside)
 
 
-def _delete_batch(s3: S3Client, bucket: str, keys: list[str]) -> None:
-    for start in range(0, len(keys), DELETE_BATCH):
-        chunk = keys[start : start + DELETE_BATCH]
+def _delete_batch(
+    s3: S3Client, bucket: str, keys: list[str], *, batch: int = tunables.DEFAULT.s3.delete_batch
+) -> None:
+    for start in range(0, len(keys), batch):
+        chunk = keys[start : start + batch]
         try:
             answer = s3.delete_objects(
                 Bucket=bucket,
@@ -277,22 +290,17 @@ def _delete_batch(s3: S3Client, bucket: str, keys: list[str]) -> None:
 
 
 def delete_keys(s3: S3Client, bucket: str, keys: Iterable[str]) -> int:
-    """Delete keys: every ``manifest.json`` first, one by one, then the rest in batches.
-
-    Once a step's manifest is gone the step is no longer committed, so an
-    interruption leaves at worst an abandoned partial.
-    """
-    ordered = list(keys)
-    is_manifest = [k.rsplit("/", 1)[-1] == manifest_mod.MANIFEST_NAME for k in ordered]
-    manifests = [k for k, first in zip(ordered, is_manifest, strict=True) if first]
-    rest = [k for k, first in zip(ordered, is_manifest, strict=True) if not first]
+    """Delete keys: every ``manifest.json`` first, one by one, then the rest in batches
+    (``retention.split_manifests``: an interruption leaves at worst an abandoned
+    partial). The operator's only deletion in S3."""
+    manifests, rest = retention.split_manifests(list(keys))
     for key in manifests:
         try:
             s3.delete_object(Bucket=bucket, Key=key)
         except _ERRORS as error:
             raise _fail(f"deleting s3://{bucket}/{key}", error) from None
     _delete_batch(s3, bucket, rest)
-    return len(ordered)
+    return len(manifests) + len(rest)
 
 
 def delete_steps(

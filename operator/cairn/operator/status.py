@@ -9,14 +9,8 @@ Conditions are derived here and only here.
 import datetime
 
 from cairn.api import jobstatus, trainingjob
+from cairn.operator import clock, k8stypes, lifecycle, prefixclaim
 from cairn.operator import conditions as cond
-from cairn.operator import k8stypes, lifecycle
-
-
-def _time(value: datetime.datetime | None) -> str | None:
-    if value is None:
-        return None
-    return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _failure(failure: lifecycle.Failure | None) -> k8stypes.LastFailureDict | None:
@@ -24,7 +18,7 @@ def _failure(failure: lifecycle.Failure | None) -> k8stypes.LastFailureDict | No
         return None
     out: k8stypes.LastFailureDict = {
         "attempt": failure.attempt,
-        "time": _time(failure.time) or "",
+        "time": clock.rfc3339_or_none(failure.time) or "",
         "reason": failure.reason,
         "message": failure.message,
         "counted": failure.counted,
@@ -33,6 +27,48 @@ def _failure(failure: lifecycle.Failure | None) -> k8stypes.LastFailureDict | No
         out["rank"] = failure.rank
     if failure.exit_code is not None:
         out["exitCode"] = failure.exit_code
+    if failure.backoff_seconds is not None:
+        out["backoffSeconds"] = failure.backoff_seconds
+    return out
+
+
+def _problem_conditions(decision: lifecycle.Decision) -> list[cond.Desired]:
+    """The abnormal-true conditions that say why a job does not move."""
+    stuck = decision.not_starting
+    failure = decision.failure
+    stalled = (
+        failure is not None
+        and failure.reason == cond.REASON_PROGRESS_DEADLINE
+        and failure.attempt == decision.attempt
+    )
+    return [
+        cond.Desired(
+            type=cond.PODS_NOT_STARTING,
+            status=stuck is not None,
+            reason=stuck[0] if stuck else cond.REASON_PODS_STARTED,
+            message=stuck[1] if stuck else "",
+        ),
+        cond.Desired(
+            type=cond.NAME_CONFLICT,
+            status=decision.name_conflict is not None,
+            reason=cond.REASON_NAME_CONFLICT if decision.name_conflict else cond.REASON_NO_CONFLICT,
+            message=decision.name_conflict or "",
+        ),
+        cond.Desired(
+            type=cond.PROGRESS_STALLED,
+            status=stalled,
+            reason=cond.REASON_PROGRESS_DEADLINE if stalled else cond.REASON_PROGRESSING,
+            message=failure.message if stalled and failure else "",
+        ),
+    ]
+
+
+def _progress(decision: lifecycle.Decision) -> k8stypes.ProgressDict | None:
+    if decision.progress_time is None:
+        return None
+    out: k8stypes.ProgressDict = {"time": clock.rfc3339_or_none(decision.progress_time) or ""}
+    if decision.progress_step is not None:
+        out["step"] = decision.progress_step
     return out
 
 
@@ -63,10 +99,10 @@ def _checkpoint_conditions(
             )
         )
     else:
-        # Verified: the operator read the step back from S3 (status.storage);
-        # the writer's own flag is honoured too.
+        # Verified: only what the operator read back from S3 itself
+        # (status.storage); a writer-asserted lastUploaded.verified is ignored.
         storage = job.status.storage
-        verified = uploaded.verified or (
+        verified = (
             storage is not None
             and storage.verified_step is not None
             and storage.verified_step >= uploaded.step
@@ -79,6 +115,9 @@ def _checkpoint_conditions(
                 message=cond.MSG_UPLOADED.format(step=uploaded.step, uri=uploaded.uri or ""),
             )
         )
+    if job.spec.checkpoint.upload is not None:
+        out.append(_upload_failing(ckpts.upload_error))
+        out.append(prefixclaim.condition(job.status.storage))
     stale = False
     message = ""
     reference = lifecycle.stale_reference(job)
@@ -87,7 +126,7 @@ def _checkpoint_conditions(
         age = int((now - reference).total_seconds())
         if age >= limit:
             stale = True
-            message = cond.MSG_STALE.format(seconds=age, limit=limit)
+            message = cond.MSG_STALE.format(since=clock.rfc3339(reference), limit=limit)
     out.append(
         cond.Desired(
             type=cond.CHECKPOINT_STALE,
@@ -99,6 +138,20 @@ def _checkpoint_conditions(
         )
     )
     return out
+
+
+def _upload_failing(error: jobstatus.UploadError | None) -> cond.Desired:
+    """UploadFailing from the writer's uploadError (the writer reports the fact)."""
+    if error is None:
+        return cond.Desired(type=cond.UPLOAD_FAILING, status=False, reason=cond.REASON_UPLOADS_OK)
+    backlog = f"; waiting for upload: steps {error.backlog}" if error.backlog else ""
+    retention = f"; {error.retention}" if error.retention else ""
+    return cond.Desired(
+        type=cond.UPLOAD_FAILING,
+        status=True,
+        reason=cond.REASON_UPLOAD_FAILING,
+        message=f"upload of step {error.step} failed: {error.message}{backlog}{retention}",
+    )
 
 
 def desired_conditions(
@@ -143,6 +196,7 @@ def desired_conditions(
             message=msg if phase == "Failed" else "",
         ),
     ]
+    out += _problem_conditions(decision)
     if job is not None:
         out += _checkpoint_conditions(job, decision, now)
     return out
@@ -163,10 +217,11 @@ def patch(
         "attempt": decision.attempt,
         "restarts": decision.restarts,
         "restartsCountTowardsMax": decision.counted_restarts,
-        "startTime": _time(decision.start_time),
-        "attemptStartTime": _time(decision.attempt_start_time),
-        "completionTime": _time(decision.completion_time),
+        "startTime": clock.rfc3339_or_none(decision.start_time),
+        "attemptStartTime": clock.rfc3339_or_none(decision.attempt_start_time),
+        "completionTime": clock.rfc3339_or_none(decision.completion_time),
         "lastFailure": _failure(decision.failure),
+        "progress": _progress(decision),
         "conditions": cond.merge(
             previous=previous.conditions,
             desired=desired_conditions(job, decision, now),

@@ -1,21 +1,39 @@
-"""One S3 pass for one TrainingJob: observe the prefix, plan, delete, record.
+"""One S3 pass for one TrainingJob: observe -> plan -> apply, like the reconcile.
 
 Blocking (boto3 and the Kubernetes client): ``handlers`` runs these in a
-worker thread. ``storage_pass`` = ``s3store.observe`` -> ``remoteplan.plan``
--> ``s3store.delete_steps`` -> merge patch of ``status.storage`` (field
-manager ``cairn-operator``) -> events. ``cleanup`` is the ``onDelete: Delete``
-deletion of the prefix. Nothing here writes the writer's ``step`` or
+worker thread. ``storage_pass`` reads top to bottom:
+
+- observe: ``prefixowner.open_prefix`` (the operator's S3 settings and the
+  prefix claim: nothing below happens under a prefix the job does not own),
+  then ``s3store.observe`` (list, read manifests, head listed files);
+- plan (pure): ``remoteplan.plan_job`` (verification and retention), then
+  ``remoteplan.storage_update`` and ``prefixclaim.with_claim`` (the
+  ``status.storage`` merge patch and the Events);
+- apply: ``s3store.delete_steps`` (manifest first), the status patch (field
+  manager ``cairn-operator``), the Events. ``cleanup`` is the ``onDelete: Delete``
+deletion of an owned prefix. Nothing here writes the writer's ``step`` or
 ``checkpoints``.
 """
 
 import dataclasses
-import datetime
 import logging
-from collections.abc import Callable
+import typing
 from typing import Any
 
-from cairn.api import jobstatus, trainingjob
-from cairn.operator import effects, observe, plan, remoteplan, s3store
+from cairn.api import trainingjob
+from cairn.operator import (
+    clock,
+    effects,
+    k8stypes,
+    observe,
+    prefixclaim,
+    prefixowner,
+    remoteplan,
+    s3store,
+)
+
+if typing.TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 LOG = logging.getLogger(__name__)
 
@@ -26,45 +44,46 @@ class PassResult:
     deleted: tuple[int, ...]
     error: str | None
     patch: dict[str, Any] | None
-    notices: tuple[remoteplan.Notice, ...]
+    events: tuple[k8stypes.Event, ...]
     patched_object: dict[str, Any] | None = None
     """The job as the status patch returned it (fresher than a watch cache)."""
 
 
-def protected_steps(job: trainingjob.TrainingJob, status: jobstatus.TrainingJobStatus) -> set[int]:
-    """Steps retention never deletes: what the job resumed from or will resume from."""
-    keep: set[int] = set()
-    ckpts = status.checkpoints
-    if ckpts is not None and ckpts.resumed_from is not None:
-        keep.add(ckpts.resumed_from.step)
-    if job.spec.checkpoint.resume.step is not None:
-        keep.add(job.spec.checkpoint.resume.step)
-    return keep
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _Seen:
+    """What the observe step got: the claim, and a client and listing when owned."""
+
+    claim: prefixclaim.Claim | None = None
+    s3: "S3Client | None" = None
+    observation: remoteplan.Observation | None = None
+    error: str | None = None
 
 
-def plan_for(
-    job: trainingjob.TrainingJob,
-    status: jobstatus.TrainingJobStatus,
-    observation: s3store.Observation,
-) -> remoteplan.RemotePlan:
-    ckpts = status.checkpoints
-    in_flight = frozenset(f.step for f in (ckpts.in_flight or ())) if ckpts else frozenset()
-    last_committed = (
-        ckpts.last_committed.step if ckpts is not None and ckpts.last_committed else None
-    )
-    return remoteplan.plan(
-        listing=observation.listing,
-        manifests=observation.manifests,
-        remote=job.spec.checkpoint.retention.remote,
-        protected=frozenset(protected_steps(job, status)),
-        in_flight=in_flight,
-        last_committed=last_committed,
-    )
+def _observe(
+    *, api: Any, job: trainingjob.TrainingJob, target: s3store.Target, cache: s3store.HeadCache
+) -> _Seen:
+    """Claim the prefix, then list it; an S3 failure becomes ``error``."""
+    claim: prefixclaim.Claim | None = None
+    try:
+        # Only under a prefix this job owns, reached the way the settings allow.
+        access = prefixowner.open_prefix(api=api, job=job)
+        claim = access.claim
+        if access.s3 is None:
+            return _Seen(claim=claim)
+        seen = s3store.observe(access.s3, target, cache=cache)
+        return _Seen(claim=claim, s3=access.s3, observation=seen)
+    except s3store.StoreError as failure:
+        return _Seen(claim=claim, error=str(failure)[:1024])
 
 
-def post_event(api: Any, raw: dict[str, Any], notice: remoteplan.Notice) -> None:
-    event = plan.Event(type=notice.type, reason=notice.reason, message=notice.message)
-    effects.post_event(api, effects.JobRef.of(raw), event, now=datetime.datetime.now(datetime.UTC))
+def _delete(
+    s3: "S3Client", target: s3store.Target, todo: remoteplan.RemotePlan
+) -> tuple[tuple[int, ...], str | None]:
+    """Apply the plan's deletions (manifest first); the steps deleted, or the error."""
+    try:
+        return s3store.delete_steps(s3, target, todo.deletions), None
+    except s3store.StoreError as failure:
+        return (), str(failure)[:1024]
 
 
 def storage_pass(
@@ -73,7 +92,7 @@ def storage_pass(
     raw: dict[str, Any],
     job: trainingjob.TrainingJob,
     cache: s3store.HeadCache,
-    now: Callable[[], datetime.datetime],
+    now: clock.Clock,
 ) -> PassResult:
     """Verify the prefix, apply retention, record the outcome. Raises ApiException
     only for the status patch; S3 failures end up in ``status.storage.lastError``."""
@@ -82,35 +101,37 @@ def storage_pass(
         raise ValueError("storage_pass needs spec.checkpoint.upload")
     status = observe.parse_status(raw)
     ref = effects.JobRef.of(raw)
-    namespace, name = ref.namespace, ref.name
     target = s3store.Target.parse(upload.uri)
-    result: remoteplan.RemotePlan | None = None
+    # observe
+    seen = _observe(api=api, job=job, target=target, cache=cache)
+    # plan (pure)
+    todo = None
+    if seen.observation is not None:
+        todo = remoteplan.plan_job(job=job, status=status, observation=seen.observation)
+    # apply: deletions, then what the status and the events say about them
     deleted: tuple[int, ...] = ()
-    error: str | None = None
-    try:
-        s3 = s3store.client_for(api, namespace, upload, job_uid=job.metadata.uid)
-        result = plan_for(job, status, s3store.observe(s3, target, cache=cache))
-        if result.deletions:
-            deleted = s3store.delete_steps(s3, target, result.deletions)
-    except s3store.StoreError as failure:
-        error = str(failure)[:1024]
-        LOG.warning("S3 pass of %s/%s: %s", namespace, name, error)
-    if result is not None and deleted != result.deleted_steps:
-        result = None  # a deletion failed half-way: do not record a stale listing
-    patch, notices = remoteplan.storage_update(
-        previous=status.storage, result=result, deleted=deleted, error=error, now=now()
+    error = seen.error
+    if todo is not None and todo.deletions and seen.s3 is not None:
+        deleted, error = _delete(seen.s3, target, todo)
+        if deleted != todo.deleted_steps:
+            todo = None  # a deletion failed half-way: do not record a stale listing
+    if error is not None:
+        LOG.warning("S3 pass of %s/%s: %s", ref.namespace, ref.name, error)
+    patch, events = remoteplan.storage_update(
+        previous=status.storage, result=todo, deleted=deleted, error=error, now=now()
     )
+    patch, events = prefixclaim.with_claim(patch, events, previous=status.storage, claim=seen.claim)
     patched = effects.patch_status(api, ref, {"storage": patch}) if patch is not None else None
-    for notice in notices:
-        post_event(api, raw, notice)
+    for event in events:
+        effects.post_event(api, ref, event, now=now())
     if deleted:
-        LOG.info("retention in %s/%s deleted steps %s", namespace, name, deleted)
+        LOG.info("retention in %s/%s deleted steps %s", ref.namespace, ref.name, deleted)
     return PassResult(
-        plan=result,
+        plan=todo,
         deleted=deleted,
         error=error,
         patch=patch,
-        notices=notices,
+        events=events,
         patched_object=patched,
     )
 
@@ -119,14 +140,19 @@ def cleanup(*, api: Any, raw: dict[str, Any], job: trainingjob.TrainingJob) -> i
     """``onDelete: Delete``: remove the job's step folders from S3; the objects deleted.
 
     Raises ``s3store.StoreError``; the caller retries and gives up bounded.
+    Raises ``prefixowner.NotOwnedError`` (nothing deleted) when the job does not own
+    the prefix or the operator's settings refuse the store; the owner object is
+    released last.
     A second listing after the deletion catches an object the writer put
     while the first ran.
     """
     upload = job.spec.checkpoint.upload
     if upload is None:
         return 0
-    s3 = s3store.client_for(api, job.metadata.namespace, upload, job_uid=job.metadata.uid)
-    target = s3store.Target.parse(upload.uri)
-    count = s3store.delete_prefix(s3, target)
-    count += s3store.delete_prefix(s3, target)
+    access = prefixowner.open_prefix(api=api, job=job)
+    if access.s3 is None:
+        raise prefixowner.NotOwnedError(access.claim)
+    count = s3store.delete_prefix(access.s3, access.target)
+    count += s3store.delete_prefix(access.s3, access.target)
+    prefixowner.release(access.s3, access.target, prefixowner.me(job))
     return count

@@ -114,7 +114,11 @@ def fetch(
         raise kube.PluginError(f"reading the manifest: {error}") from error
     try:
         parsed = manifest.parse_manifest(data)
-    except (pydantic.ValidationError, manifest.UnsafePathError) as error:
+    except (
+        pydantic.ValidationError,
+        manifest.UnsafePathError,
+        manifest.UnsupportedManifestVersionError,
+    ) as error:
         raise kube.PluginError(f"the remote manifest is invalid: {error}") from error
     if (target / manifest.MANIFEST_NAME).exists():
         raise kube.PluginError(f"{target} already holds a committed step; choose another --to")
@@ -125,7 +129,8 @@ def fetch(
     for entry in parsed.files:
         path = target / entry.path
         path.parent.mkdir(parents=True, exist_ok=True)
-        key = f"{src.key_prefix}/{entry.path}"
+        # Attempt-scoped data keys (`data_prefix`), or flat for an older Cairn.
+        key = f"{src.key_prefix}/{parsed.data_key(entry.path)}"
         try:
             s3.download_file(src.bucket, key, str(path), Callback=bar.add)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from cairn.devcluster import demo
+from tests import demo
 from tests.conftest import DevclusterHandle
 from tests.unit.api import malformed_cases
 

@@ -98,12 +98,32 @@ def release(helm: pathlib.Path, devcluster: DevclusterHandle) -> Iterator[str]:
                 timeout=60,
                 what="the operator pod to run",
             )
+            # Ready is not leading (a standby answers the probes too): wait for the Lease.
+            kube_helpers.wait_for(
+                lambda: _lease_holder(devcluster, namespace).startswith(
+                    tuple(p.metadata.name for p in operator_pods(devcluster, namespace))
+                ),
+                timeout=60,
+                what="the operator pod to hold the leader Lease",
+            )
             yield namespace
         finally:
             helmtools.run(
                 [str(helm), "uninstall", RELEASE, "-n", namespace, "--wait", "--timeout", "60s"],
                 kubeconfig=devcluster.kubeconfig,
             )
+
+
+def _lease_holder(handle: DevclusterHandle, namespace: str) -> str:
+    try:
+        lease = client.CoordinationV1Api(handle.api_client).read_namespaced_lease(
+            "cairn-operator", namespace
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return ""
+        raise
+    return str(lease.spec.holder_identity or "")
 
 
 def can_i(
@@ -204,6 +224,8 @@ ALLOWED = [
     ("create", "events"),
     # The S3 credentials Secret a job names (storage: verification, retention, onDelete).
     ("get", "secrets"),
+    # spec.ttlSecondsAfterFinished: the operator deletes finished jobs.
+    ("delete", "trainingjobs.cairn.dev"),
 ]
 DENIED = [
     ("list", "secrets"),
@@ -211,7 +233,6 @@ DENIED = [
     ("create", "secrets"),
     ("delete", "secrets"),
     ("update", "trainingjobs.cairn.dev"),
-    ("delete", "trainingjobs.cairn.dev"),
     ("create", "deployments.apps"),
     ("patch", "pods"),
     ("escalate", "roles.rbac.authorization.k8s.io"),

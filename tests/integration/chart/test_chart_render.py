@@ -6,7 +6,7 @@ values.schema.json rejecting bad values; the CRD template equals
 labels and the keep annotation, and disappears with ``crds.install=false``;
 RBAC rules equal ``cairn.operator.rbac`` in both watch scopes (ClusterRole,
 or a Role per watched namespace); the Deployment's real command, probes,
-security context, single replica with Recreate; metrics Service and the
+security context, rolling update (leader election on); metrics Service and the
 optional ServiceMonitor; and a server-side dry-run of the whole output on the
 devcluster (kube-apiserver 1.34 schemas, RBAC, CRD validation) for four
 value sets.
@@ -81,7 +81,7 @@ def test_lint_strict(helm: pathlib.Path, name: str) -> None:
         ({"watch.scope": "namespaces"}, "minItems"),
         ({"watch.namespaces": "{ml}"}, "maxItems"),
         ({"watch.scope": "everywhere"}, "watch/scope"),
-        ({"replicaCount": "2"}, "maximum"),
+        ({"replicaCount": "2", "leaderElection.enabled": "false"}, "maximum"),
         ({"operator.logFormat": "json"}, "logFormat"),
         ({"unknownKey": "1"}, "unknownKey"),
         ({"metrics.port": "0"}, "minimum"),
@@ -125,7 +125,9 @@ def test_cluster_scope_rbac(helm: pathlib.Path) -> None:
         "cairn": list(rbac.NAMESPACED_RULES),
         "cairn-cluster": list(rbac.CLUSTER_RULES),
     }
-    assert by_kind(docs, "Role") == [] and by_kind(docs, "RoleBinding") == []
+    # The only namespaced RBAC: the leader-election Lease in the release namespace.
+    assert [r["metadata"]["name"] for r in by_kind(docs, "Role")] == ["cairn-leader"]
+    assert [b["metadata"]["name"] for b in by_kind(docs, "RoleBinding")] == ["cairn-leader"]
     for binding in by_kind(docs, "ClusterRoleBinding"):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "cairn", "namespace": "cairn-system"}
@@ -137,10 +139,11 @@ def test_cluster_scope_rbac(helm: pathlib.Path) -> None:
 def test_namespaced_rbac(helm: pathlib.Path) -> None:
     docs = render(helm, NAMESPACED)
     assert [d["metadata"]["name"] for d in by_kind(docs, "ClusterRole")] == ["cairn-cluster"]
-    roles = by_kind(docs, "Role")
+    roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] != "cairn-leader"]
     assert [r["metadata"]["namespace"] for r in roles] == ["ml-a", "ml-b"]
     assert all(r["rules"] == list(rbac.NAMESPACED_RULES) for r in roles)
-    assert [b["metadata"]["namespace"] for b in by_kind(docs, "RoleBinding")] == ["ml-a", "ml-b"]
+    bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] != "cairn-leader"]
+    assert [b["metadata"]["namespace"] for b in bindings] == ["ml-a", "ml-b"]
     [deployment] = by_kind(docs, "Deployment")
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[-2:] == ["--namespace=ml-a", "--namespace=ml-b"]
@@ -150,7 +153,8 @@ def test_namespaced_rbac(helm: pathlib.Path) -> None:
 def test_deployment(helm: pathlib.Path) -> None:
     [deployment] = by_kind(render(helm, {}), "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Leader election (default on) makes a rolling update safe.
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "RollingUpdate"}
     pod = spec["template"]["spec"]
     [container] = pod["containers"]
     assert container["command"] == [

@@ -85,7 +85,10 @@ def launch(
     tmp: pathlib.Path,
     name: str,
     env: dict[str, str] | None = None,
+    prefix: dict[int, list[str]] | None = None,
 ) -> Job:
+    """Start `world` ranks; `prefix[rank]` is put before that rank's command
+    (e.g. `setpriv` to drop capabilities on one rank)."""
     out = tmp / name
     out.mkdir(parents=True)
     (tmp / "tmpdir").mkdir(exist_ok=True)
@@ -116,7 +119,7 @@ def launch(
         with log.open("wb") as stream:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, str(WORKER), str(cfg_path)],
+                    [*(prefix or {}).get(rank, []), sys.executable, str(WORKER), str(cfg_path)],
                     env=penv,
                     stdout=stream,
                     stderr=subprocess.STDOUT,

@@ -24,8 +24,8 @@ from torch.distributed import fsdp
 from torch.distributed.checkpoint import state_dict as dcp_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
+from cairn.checkpoint import layout, options, state
 from cairn.checkpoint import manager as manager_mod
-from cairn.checkpoint import options, state
 
 DIM = 16
 BATCH = 4
@@ -51,7 +51,9 @@ def batch(position: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Ten
     return x, y
 
 
-def build_model(world: int) -> torch.nn.Module:
+def build_model(world: int, *, independent: bool = False) -> torch.nn.Module:
+    """FSDP2 over all ranks; `independent`: a plain module per rank (no
+    collectives while training, so ranks can run steps apart as with NCCL)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(DIM, 32),
@@ -59,7 +61,7 @@ def build_model(world: int) -> torch.nn.Module:
         torch.nn.Dropout(0.1),
         torch.nn.Linear(32, 1),
     )
-    if world > 1 or dist.is_initialized():
+    if not independent and (world > 1 or dist.is_initialized()):
         mesh = init_device_mesh("cpu", (world,))
         for layer in (model[0], model[3]):
             fsdp.fully_shard(layer, mesh=mesh)
@@ -97,7 +99,7 @@ def main() -> None:
     torch.manual_seed(1 + rank)
     np.random.seed(2 + rank)
     random.seed(3 + rank)
-    model = build_model(world)
+    model = build_model(world, independent=cfg.get("independent", False))
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(optim, step_size=2, gamma=0.9)
     data = DataPosition()
@@ -111,21 +113,51 @@ def main() -> None:
     }
     s3 = options.S3Options(**cfg["s3"]) if cfg.get("s3") else None
     opts = options.CheckpointOptions(
-        directory=pathlib.Path(cfg["dir"]),
+        # "{rank}" in the directory gives every rank its own (node-local) volume.
+        directory=pathlib.Path(cfg["dir"].format(rank=rank)),
         interval_steps=cfg.get("interval"),
         keep_last=cfg.get("keep_last", 3),
+        max_bytes=cfg.get("max_bytes"),
+        async_mode=cfg.get("async_mode", "pinned"),
+        upload_on_failure=cfg.get("upload_on_failure", "Continue"),
+        final_grace_seconds=cfg.get("final_grace"),
+        upload_retry_seconds=cfg.get("upload_retry", 2.0),
         attempt=cfg.get("attempt", 0),
+        job_uid=cfg.get("job_uid"),
         s3=s3,
         timeout_seconds=cfg.get("timeout", 60.0),
     )
     result: dict[str, typing.Any] = {"rank": rank, "losses": {}, "saved": []}
     dump_steps = set(cfg.get("dump_steps", []))
-    with manager_mod.CheckpointManager(opts) as ckpt:
+    seen: list[dict[str, typing.Any]] = []
+
+    def record(event: typing.Any) -> None:
+        if event.phase in (
+            "upload_failed",
+            "uploaded",
+            "rotated",
+            "committed",
+            "deleted",
+            "quarantined",
+            "restore_fallback",
+            "restored",
+        ):
+            seen.append(
+                {
+                    "phase": event.phase,
+                    "step": event.step,
+                    "rank": event.rank,
+                    "message": event.message,
+                }
+            )
+
+    with manager_mod.CheckpointManager(opts, callbacks=[record]) as ckpt:
         if cfg.get("sigterm"):
             ckpt.install_sigterm_handler()
         if cfg.get("resume"):
-            restored = ckpt.restore(objects, step=cfg.get("resume_step"))
+            restored = ckpt.restore(objects, step=cfg.get("resume_step"), uri=cfg.get("resume_uri"))
             result["restored"] = None if restored is None else restored.step
+            result["imported"] = None if restored is None else restored.imported
             result["skipped"] = [] if restored is None else [s for s, _ in restored.skipped]
             result["skipped_state"] = [] if restored is None else list(restored.skipped_state)
             torch.save(full_state(model, optim, data, train), out / f"dump-restored-rank{rank}.pt")
@@ -146,6 +178,8 @@ def main() -> None:
             train.step = step
             train.tokens_seen += BATCH * world
             result["losses"][str(step)] = loss.item()
+            if cfg.get("step_file"):  # the step this rank finished (before it may save)
+                pathlib.Path(cfg["step_file"]).with_suffix(f".{rank}").write_text(str(step))
             if pending_save is not None:
                 steps_during_save += 1
                 if ckpt._inflight is None or ckpt._inflight.done.done():
@@ -158,6 +192,15 @@ def main() -> None:
                     )
                 if ckpt.save(step, objects):
                     result["saved"].append(step)
+                    # Whether the step was committed the moment save() returned.
+                    folder = layout.step_dir(opts.directory, step)
+                    result.setdefault("committed_on_return", {})[str(step)] = (
+                        folder / "manifest.json"
+                    ).is_file()
+                    # Committed steps on this rank's volume while a save is in flight.
+                    result.setdefault("committed_during", []).append(
+                        len(layout.committed_steps(opts.directory))
+                    )
                     if step == cfg.get("measure_overlap_step"):
                         pending_save, steps_during_save = step, 0
             elif step in dump_steps:
@@ -166,6 +209,13 @@ def main() -> None:
                 )
             if step == 2 and cfg.get("progress_file"):
                 pathlib.Path(cfg["progress_file"]).with_suffix(f".{rank}").write_text("2")
+            hold = cfg.get("hold")  # {"rank": r, "after": step, "until": path}
+            if hold and hold["rank"] == rank and step == hold["after"]:
+                until = pathlib.Path(hold["until"])
+                deadline = time.monotonic() + 60
+                while not until.exists() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+
             if ckpt.reached_final(step):
                 result["final_step"] = step
                 break
@@ -173,6 +223,7 @@ def main() -> None:
         ckpt.wait_until_finished()
         result.setdefault("steps_during_save", steps_during_save)
         result["all_steps"] = ckpt.all_steps()
+    result["events"] = seen
     (out / f"result-rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 

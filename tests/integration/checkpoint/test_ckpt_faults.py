@@ -92,5 +92,5 @@ def test_corrupt_shard_falls_back_to_older_step(tmp_path: pathlib.Path) -> None:
         assert result["restored"] == 4
         assert result["skipped"] == [6]
     assert "failed verification" in resumed.logs[0].read_text()
-    # The corrupt step is gone, so it can never be selected again.
+    # The corrupt step is quarantined (moved aside, not deleted): never selected again.
     assert 6 not in layout.committed_steps(ckpt)

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, layout, manager, options, remote, state
+from cairn.checkpoint import errors, events, layout, manager, options, remote, state
 
 pytestmark = [
     pytest.mark.s3,
@@ -74,7 +74,9 @@ def test_two_ranks_upload_then_resume_from_s3_on_a_fresh_disk(
         names = {k[len(prefix) :] for k in objects if k.startswith(prefix)}
         local = layout.read_manifest(layout.step_dir(tmp_path / "node-a", step))
         assert {e.rank for e in local.files} == {0, 1}
-        assert names == {e.path for e in local.files} | {"manifest.json"}
+        # Data objects live under the attempt-scoped data_prefix the manifest names.
+        assert local.data_prefix == "a0-local"
+        assert names == {local.data_key(e.path) for e in local.files} | {"manifest.json"}
         assert layout.is_uploaded(layout.step_dir(tmp_path / "node-a", step))
 
     resumed = ckpt_harness.launch(
@@ -118,7 +120,7 @@ def test_kill_during_upload_leaves_no_remote_manifest(
     job.kill()
     client = remote.make_client(options.S3Options(**s3))
     assert remote.committed_steps(client, options.S3Options(**s3)) == [2]
-    assert "jobs/demo/step-000000004/__1_0.distcp" in keys(s3_server, bucket)
+    assert "jobs/demo/step-000000004/a0-local/__1_0.distcp" in keys(s3_server, bucket)
 
     resumed = ckpt_harness.launch(
         {**cfg, "dir": str(tmp_path / "node-b"), "resume": True, "attempt": 1},
@@ -221,20 +223,27 @@ def test_upload_survives_injected_5xx_and_resets(
         assert len(puts) == len(manifest.files) + 1  # every file once, the manifest last
 
 
+@pytest.mark.parametrize("on_failure", ["Fail", "Continue"])
 def test_manifest_failure_never_marks_uploaded(
-    tmp_path: pathlib.Path, s3_server: typing.Any
+    tmp_path: pathlib.Path, s3_server: typing.Any, on_failure: typing.Any
 ) -> None:
     bucket = s3_server.new_bucket("ckpt-nomanifest")
     s3 = s3_cfg(s3_server, bucket, max_attempts=2)
-    opts = single_opts(tmp_path, s3)
+    opts = single_opts(tmp_path, s3, upload_on_failure=on_failure)
     client = remote.make_client(opts.s3)  # type: ignore[arg-type]
     faults = Faults(every=10**9, fail_keys="manifest.json")
     client.meta.events.register_first("before-send.s3", typing.cast(typing.Any, faults.before_send))
     trainer = Trainer(size=64)
-    m = manager.CheckpointManager(opts, s3_client=client)
+    seen: list[events.ProgressEvent] = []
+    m = manager.CheckpointManager(opts, s3_client=client, callbacks=[seen.append])
     m.save(1, trainer.objects)
-    with pytest.raises(errors.RemoteError, match="manifest"):
+    if on_failure == "Fail":
+        with pytest.raises(errors.RemoteError, match="manifest"):
+            m.wait_until_finished()
+    else:  # training goes on; the failure is reported, the step waits in the backlog
         m.wait_until_finished()
+        (failed,) = [e for e in seen if e.phase == "upload_failed"]
+        assert failed.step == 1 and "manifest" in failed.message
     m.close()
     folder = layout.step_dir(tmp_path / "ckpt", 1)
     assert layout.is_committed(folder)  # committed locally...
@@ -271,7 +280,7 @@ def test_unreachable_endpoint_fails_within_bound(
         "read_timeout": 1.0,
         "transfer_timeout": 8.0,
     }
-    opts = single_opts(tmp_path, s3)
+    opts = single_opts(tmp_path, s3, upload_on_failure="Fail")
     trainer = Trainer(size=64)
     started = time.monotonic()
     m = manager.CheckpointManager(opts)
@@ -283,16 +292,14 @@ def test_unreachable_endpoint_fails_within_bound(
 
 
 def test_escaping_manifest_paths_are_refused_before_download(tmp_path: pathlib.Path) -> None:
-    entry = manifest_mod.FileEntry.model_construct(
-        path="../../outside", size=1, crc32c="00000000", rank=0
-    )
     with pytest.raises(manifest_mod.UnsafePathError):
         remote.download_files(
             typing.cast(typing.Any, None),
             options.S3Options(uri="s3://b/p"),
-            step=1,
+            bucket="b",
+            prefix="p/step-000000001",
             folder=tmp_path,
-            entries=(entry,),
+            names=["../../outside"],
         )
     assert not (tmp_path.parent / "outside").exists()
     doc = json.dumps(

@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from cairn.devcluster import demo, processes
+from cairn.devcluster import processes
+from tests import demo
 from tests.conftest import OperatorProcess
 from tests.integration.devcluster import kube_helpers as kh
 from tests.integration.operator.conftest import JobWatch, Kube, Recorder, job_body

@@ -5,8 +5,9 @@ Step folders are written with the writer's own upload code
 ``s3store.observe`` + ``remoteplan.plan`` run on them as the operator does.
 Covers: good steps verified by the store's full-object CRC32C; a file
 rewritten with other bytes of the same size and a truncated file not
-verified; a multipart file (composite checksum only) verified by size and
-said so; retention deletes exactly the expected keys (keepLast + keepEvery,
+verified; a multipart file uploaded by the writer (full-object CRC32C)
+verified by CRC; a multipart file with a composite checksum only (an older
+Cairn) verified by size and said so; retention deletes exactly the expected keys (keepLast + keepEvery,
 abandoned partial, in-flight partial kept); deletions send every manifest
 before the step's other objects (recorded with botocore's own event hooks);
 ``delete_prefix`` empties the job's step folders and leaves foreign objects
@@ -20,6 +21,7 @@ import pathlib
 import typing
 from typing import Any
 
+import boto3.s3.transfer
 import pytest
 
 from cairn.api import checkpointspec
@@ -63,12 +65,15 @@ class Store:
         folder.mkdir(parents=True)
         for name, size in sizes.items():
             (folder / name).write_bytes(os.urandom(size))
-        remote.upload_files(self.writer, self.opts, step=step, folder=folder, names=list(sizes))
+        entries = tuple(layout.entry_for(folder, n, rank=0) for n in sizes)
+        # The layout of an older Cairn: no data_prefix, keys directly under step-N/.
+        manifest = manifest_mod.Manifest(
+            step=step, world_size=1, attempt=1, created_at=0.0, files=entries
+        )
+        remote.upload_files(
+            self.writer, self.opts, folder=folder, manifest=manifest, entries=entries
+        )
         if commit:
-            entries = tuple(layout.entry_for(folder, n, rank=0) for n in sizes)
-            manifest = manifest_mod.Manifest(
-                step=step, world_size=1, attempt=1, created_at=0.0, files=entries
-            )
             remote.put_manifest(self.writer, self.opts, manifest)
 
     def listed(self) -> set[str]:
@@ -116,14 +121,39 @@ def test_verified_by_crc32c_and_corruption_detected(store: Store, tmp_path: path
     assert result.newest_verified.step == 10
 
 
-def test_multipart_file_is_verified_by_size_and_says_so(
+def test_multipart_file_is_verified_by_its_full_object_crc(
     store: Store, tmp_path: pathlib.Path
 ) -> None:
+    # The writer sends the whole-file CRC32C (ChecksumType=FULL_OBJECT).
     store.write_step(tmp_path, 5, sizes={"__0_0.distcp": 6 * MiB, ".metadata": 100})
     result = store.plan(remote=None)
     (verdict,) = result.verdicts
+    assert (verdict.verified, verdict.method, verdict.reason) == (True, "crc32c", "")
+
+
+def test_composite_multipart_file_is_verified_by_size_and_says_so(
+    store: Store, tmp_path: pathlib.Path
+) -> None:
+    """An object uploaded with per-part checksums only (an older Cairn) has a
+    composite checksum, which is not a file CRC: size only, and said so."""
+    folder = tmp_path / "composite"
+    folder.mkdir()
+    (folder / "__0_0.distcp").write_bytes(os.urandom(6 * MiB))
+    entries = (layout.entry_for(folder, "__0_0.distcp", rank=0),)
+    store.writer.upload_file(
+        str(folder / "__0_0.distcp"),
+        store.bucket,
+        store.target.key(5, "__0_0.distcp"),
+        ExtraArgs={"ChecksumAlgorithm": "CRC32C"},
+        Config=boto3.s3.transfer.TransferConfig(
+            multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB
+        ),
+    )
+    record = manifest_mod.Manifest(step=5, world_size=1, attempt=1, created_at=0.0, files=entries)
+    remote.put_manifest(store.writer, store.opts, record)
+    (verdict,) = store.plan(remote=None).verdicts
     assert (verdict.verified, verdict.method) == (True, "size")
-    assert "1 of 2 files checked by size only" in verdict.reason
+    assert "1 of 1 files checked by size only" in verdict.reason
 
 
 def test_retention_deletes_exactly_the_expected_keys(store: Store, tmp_path: pathlib.Path) -> None:

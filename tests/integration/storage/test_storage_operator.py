@@ -58,16 +58,14 @@ def write_step(
     data = {name: os.urandom(size) for name, size in FILES.items()}
     for name, body in data.items():
         (folder / name).write_bytes(body)
-    remote.upload_files(s3, opts, step=step, folder=folder, names=list(FILES))
+    entries = tuple(layout.entry_for(folder, n, rank=0) for n in FILES)
+    # The layout of an older Cairn: no data_prefix, keys directly under step-N/.
+    record = manifest_mod.Manifest(
+        step=step, world_size=1, attempt=1, created_at=0.0, files=entries
+    )
+    remote.upload_files(s3, opts, folder=folder, manifest=record, entries=entries)
     if commit:
-        entries = tuple(layout.entry_for(folder, n, rank=0) for n in FILES)
-        remote.put_manifest(
-            s3,
-            opts,
-            manifest_mod.Manifest(
-                step=step, world_size=1, attempt=1, created_at=0.0, files=entries
-            ),
-        )
+        remote.put_manifest(s3, opts, record)
     return data
 
 
@@ -191,7 +189,8 @@ def _run(
     assert storage["verifiedBy"] == "crc32c"
     assert "lastError" not in storage
     base = f"{prefix}/"
-    assert {k.split("/")[2] for k in keys(s3, bucket, base)} == {"step-000000030"}
+    # The job's owner object (.cairn/owner.json) sits beside its step folders.
+    assert {k.split("/")[2] for k in keys(s3, bucket, base)} == {"step-000000030", ".cairn"}
     (verified,) = kh.wait_for(lambda: events("CheckpointVerified"), timeout=WAIT, what="event")
     assert "step 30 verified in S3" in verified.message
     (deleted,) = kh.wait_for(lambda: events("RetentionDeleted"), timeout=WAIT, what="event")

@@ -263,6 +263,78 @@ CASES: tuple[Case, ...] = (
         field="metadata.name",
         server="cel",
     ),
+    # issue 10: quantities, mountPath and managedBy are checked at admission.
+    Case(
+        id="cpu-not-a-quantity",
+        patch=_spec(resources={"requests": {"cpu": "lots"}}),
+        field="spec.resources.requests",
+        server="cel",
+    ),
+    Case(
+        id="memory-negative",
+        patch=_spec(resources={"limits": {"memory": "-1Gi"}}),
+        field="spec.resources.limits",
+        server="cel",
+    ),
+    Case(
+        id="size-limit-not-a-quantity",
+        patch=_ckpt(volume={"emptyDir": {"sizeLimit": "big"}}),
+        field="spec.checkpoint.volume.emptyDir.sizeLimit",
+        server="cel",
+    ),
+    Case(
+        id="mount-dotdot",
+        patch=_ckpt(mountPath="/checkpoints/../etc"),
+        field="spec.checkpoint.mountPath",
+        server="cel",
+    ),
+    Case(
+        id="mount-root", patch=_ckpt(mountPath="/"), field="spec.checkpoint.mountPath", server="cel"
+    ),
+    Case(
+        id="mount-etc",
+        patch=_ckpt(mountPath="/etc"),
+        field="spec.checkpoint.mountPath",
+        server="cel",
+    ),
+    Case(
+        id="mount-under-proc",
+        patch=_ckpt(mountPath="/proc/ckpt"),
+        field="spec.checkpoint.mountPath",
+        server="cel",
+    ),
+    Case(
+        id="mount-var-run",
+        patch=_ckpt(mountPath="/var/run/secrets"),
+        field="spec.checkpoint.mountPath",
+        server="cel",
+    ),
+    Case(id="managed-by-no-domain", patch=_spec(managedBy="kueue"), field="spec.managedBy"),
+    Case(
+        id="managed-by-uppercase-domain",
+        patch=_spec(managedBy="Example.com/ctl"),
+        field="spec.managedBy",
+    ),
+    Case(
+        id="startup-deadline-zero",
+        patch=_spec(startupDeadlineSeconds=0),
+        field="spec.startupDeadlineSeconds",
+    ),
+    Case(
+        id="progress-deadline-zero",
+        patch=_spec(progressDeadlineSeconds=0),
+        field="spec.progressDeadlineSeconds",
+    ),
+    Case(
+        id="max-preemptions-neg",
+        patch=_spec(restartPolicy={"maxPreemptions": -1}),
+        field="spec.restartPolicy.maxPreemptions",
+    ),
+    Case(
+        id="service-account-not-a-name",
+        patch=_spec(template={"serviceAccountName": "My SA"}),
+        field="spec.template.serviceAccountName",
+    ),
     Case(
         id="name-not-dns-label",
         patch={"metadata": {"name": "my.job"}},

@@ -97,3 +97,20 @@ def test_defaults_are_complete_objects() -> None:
     spec = _schema()["properties"]["spec"]["properties"]
     assert spec["checkpoint"]["default"]["resume"] == {"latest": True}
     assert spec["restartPolicy"]["default"]["maxBackoffSeconds"] == 300
+
+
+def _undescribed(node: dict[str, Any], path: str) -> list[str]:
+    """Fields under `node` whose schema has no description (kubectl explain: <no description>)."""
+    missing = []
+    for child_path, child in _walk(node, path):
+        is_field = child_path != path and not child_path.endswith(("[]", "}"))
+        if is_field and not child.get("description"):
+            missing.append(child_path)
+    return missing
+
+
+def test_every_spec_and_status_field_is_described() -> None:
+    schema = _schema()
+    missing = _undescribed(schema["properties"]["spec"], "spec")
+    missing += _undescribed(schema["properties"]["status"], "status")
+    assert not missing, f"fields without a description: {missing}"

@@ -107,7 +107,7 @@ UPDATE_CASES = [
     pytest.param(_spec(), _spec(activeDeadlineSeconds=60), [], id="deadline-is-mutable"),
     pytest.param(
         _spec(suspend=True),
-        _spec(suspend=True, managedBy="x"),
+        _spec(suspend=True, managedBy="example.com/x"),
         ["spec.managedBy"],
         id="managed-by-immutable",
     ),

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, events, layout, manager, options, state
+from cairn.checkpoint import errors, events, fence, layout, manager, options, state
 
 # One process without a process group is a supported mode; DCP warns about
 # it on every save and load.
@@ -105,7 +105,7 @@ def test_older_attempt_cannot_commit_and_failure_is_reraised(tmp_path: pathlib.P
     m = manager.CheckpointManager(opts(tmp_path, attempt=1))
     trainer.step(m)
     # A newer attempt starts while this (zombie) writer still runs.
-    layout.raise_fence(tmp_path, 2)
+    fence.raise_local(tmp_path, job_uid=None, attempt=2)
     assert m.save(1, trainer.objects, force=True)
     with pytest.raises(errors.FencedError, match="fenced"):
         m.wait_until_finished()
@@ -119,7 +119,7 @@ def test_older_attempt_cannot_commit_and_failure_is_reraised(tmp_path: pathlib.P
 def test_background_failure_surfaces_on_next_call(tmp_path: pathlib.Path) -> None:
     trainer = Trainer()
     m = manager.CheckpointManager(opts(tmp_path, attempt=0, interval_steps=1))
-    layout.raise_fence(tmp_path, 1)
+    fence.raise_local(tmp_path, job_uid=None, attempt=1)
     m.save(1, trainer.objects)
     # Not waited for explicitly: the next training-loop call must raise.
     with pytest.raises(errors.CheckpointError):
@@ -160,7 +160,11 @@ def test_commit_predicate(tmp_path: pathlib.Path, content: bytes | None) -> None
 def test_rotation_by_count_and_partials(tmp_path: pathlib.Path) -> None:
     partial = layout.step_dir(tmp_path, 99)
     partial.mkdir(parents=True)
+    layout.write_writer_marker(partial, job_uid=None, attempt=0)  # provably ours
     (partial / "__0_0.distcp").write_bytes(b"abandoned")
+    unknown = layout.step_dir(tmp_path, 50)  # no marker, no manifest: not provably ours
+    unknown.mkdir()
+    (unknown / "__0_0.distcp").write_bytes(b"whose?")
     trainer = Trainer()
     with manager.CheckpointManager(opts(tmp_path, interval_steps=1, keep_last=2)) as m:
         assert not partial.exists()  # cleaned at start
@@ -169,7 +173,8 @@ def test_rotation_by_count_and_partials(tmp_path: pathlib.Path) -> None:
             m.save(step, trainer.objects)
         m.wait_until_finished()
         assert m.all_steps() == [3, 4]
-    assert sorted(layout.step_dirs(tmp_path)) == [3, 4]
+    assert sorted(layout.step_dirs(tmp_path)) == [3, 4, 50]
+    assert (unknown / "__0_0.distcp").read_bytes() == b"whose?"
 
 
 def test_rotation_by_bytes_keeps_newest(tmp_path: pathlib.Path) -> None:

@@ -1,8 +1,11 @@
 """Manifest schema, step-folder names and path safety (cairn.api.manifest).
 
 Covers: step names sort and parse; manifests with `..`, absolute paths,
-backslashes or NUL are refused at parse time; duplicates and future format
-versions are refused; files of a rank; round trip through JSON.
+backslashes or NUL are refused at parse time; duplicates are refused; a newer
+major format version is refused with `UnsupportedManifestVersionError`;
+unknown fields of the same version are accepted and kept; a manifest of an
+older Cairn (no identity, no data_prefix) has its keys directly under the
+step; files of a rank; round trip through JSON.
 """
 
 from __future__ import annotations
@@ -82,15 +85,38 @@ def test_valid_manifest_round_trips() -> None:
     [
         manifest_json("a", "a"),
         manifest_json("manifest.json"),
-        manifest_json("a", format_version=99),
         manifest_json("a", step=-1),
-        manifest_json("a", unknown=1),
+        manifest_json("a", data_prefix="a/b"),
     ],
-    ids=["duplicate", "lists-itself", "future-version", "negative-step", "unknown-field"],
+    ids=["duplicate", "lists-itself", "negative-step", "data-prefix-not-one-component"],
 )
 def test_invalid_manifests_are_refused(doc: str) -> None:
     with pytest.raises(pydantic.ValidationError):
         manifest.parse_manifest(doc)
+
+
+def test_newer_major_version_is_refused_with_its_own_error() -> None:
+    with pytest.raises(manifest.UnsupportedManifestVersionError, match="newer"):
+        manifest.parse_manifest(manifest_json("a", format_version=99))
+
+
+def test_unknown_fields_of_the_same_version_are_accepted_and_kept() -> None:
+    parsed = manifest.parse_manifest(manifest_json("a", unknown=1, future_hint={"x": 1}))
+    assert parsed.model_extra == {"unknown": 1, "future_hint": {"x": 1}}
+    assert b'"unknown"' in manifest.dump_manifest(parsed)
+
+
+def test_manifest_of_an_older_cairn_has_no_identity_and_flat_keys() -> None:
+    parsed = manifest.parse_manifest(manifest_json("__0_0.distcp"))
+    assert (parsed.job_uid, parsed.lineage, parsed.parent, parsed.data_prefix) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    assert parsed.data_key("__0_0.distcp") == "__0_0.distcp"
+    scoped = parsed.model_copy(update={"data_prefix": "a3-0123abcd"})
+    assert scoped.data_key("__0_0.distcp") == "a3-0123abcd/__0_0.distcp"
 
 
 def test_checksum_must_be_hex() -> None:

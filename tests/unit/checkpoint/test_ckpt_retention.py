@@ -50,14 +50,16 @@ def committed(*steps: int, size: int = 10, uploaded: bool = True) -> list[retent
             (),
         ),
         ([*committed(1, uploaded=False), *committed(2, 3)], {}, (1,), ()),
-        # partials: abandoned ones go, in-flight ones stay
-        ([*committed(1, 2), R(step=3, committed=False)], {}, (), (3,)),
+        # partials: this job's abandoned ones go, in-flight ones stay
+        ([*committed(1, 2), R(step=3, committed=False, own_partial=True)], {}, (), (3,)),
         (
-            [*committed(1, 2), R(step=3, committed=False)],
+            [*committed(1, 2), R(step=3, committed=False, own_partial=True)],
             {"in_flight": frozenset({3})},
             (),
             (),
         ),
+        # an uncommitted folder not proven to be ours (foreign, unknown) stays
+        ([*committed(1, 2), R(step=3, committed=False)], {}, (), ()),
     ],
 )
 def test_plan_local(
@@ -69,6 +71,31 @@ def test_plan_local(
     plan = local(records, **kw)
     assert plan.delete_committed == delete
     assert plan.delete_partial == partial
+
+
+@pytest.mark.parametrize(
+    ("records", "kw", "over"),
+    [
+        # S3 down: nothing uploaded, so nothing may go; the excess is reported
+        (committed(1, 2, 3, 4, uploaded=False), {"upload_enabled": True}, (1, 2)),
+        (
+            committed(1, 2, 3, size=10, uploaded=False),
+            {"upload_enabled": True, "keep_last": 3, "max_bytes": 15},
+            (1, 2),
+        ),
+        # uploaded steps beyond the budget are deleted, not reported
+        (committed(1, 2, 3, 4), {"upload_enabled": True}, ()),
+        # the newest step alone over maxBytes is not a backlog
+        (committed(1, size=100), {"max_bytes": 50}, ()),
+    ],
+)
+def test_plan_local_reports_protected_steps_over_budget(
+    records: list[retention.StepRecord], kw: dict[str, object], over: tuple[int, ...]
+) -> None:
+    plan = local(records, **kw)
+    assert plan.over_budget == over
+    assert not set(plan.over_budget) & set(plan.delete_committed)
+    assert plan.kept_bytes == sum(r.bytes for r in records if r.step in plan.kept)
 
 
 def test_plan_local_refuses_keep_last_below_two() -> None:

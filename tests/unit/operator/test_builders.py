@@ -8,7 +8,7 @@ user env; deterministic names.
 
 from typing import Any
 
-from cairn.api import podenv
+from cairn.api import exitcodes, podenv
 from cairn.operator import builders, names
 
 from . import jobs
@@ -146,9 +146,11 @@ def test_pod_with_pvc_upload_overlay_and_user_env() -> None:
                 ("CAIRN_FINAL_CHECKPOINT_GRACE_SECONDS", "120"),
                 ("CAIRN_RESUME_FROM", "step:40"),
                 ("CAIRN_REPORT_STATUS", "1"),
+                ("CAIRN_STATUS_INTERVAL_SECONDS", "30"),
                 ("CAIRN_CHECKPOINT_INTERVAL_STEPS", "5"),
                 ("CAIRN_UPLOAD_URI", "s3://cairn-demo/demo"),
                 ("CAIRN_UPLOAD_CONCURRENCY", "8"),
+                ("CAIRN_UPLOAD_ON_FAILURE", "Continue"),
                 ("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:8333"),
             ]
         ),
@@ -179,10 +181,14 @@ def test_pod_with_pvc_upload_overlay_and_user_env() -> None:
             "serviceAccountName": "demo-trainer",
             "automountServiceAccountToken": True,
             "terminationGracePeriodSeconds": 120,
+            "securityContext": builders.POD_SECURITY_DEFAULTS,
             "containers": [
                 {
                     "name": "trainer",
                     "image": "cairn-trainer:dev",
+                    "securityContext": builders.CONTAINER_SECURITY_DEFAULTS,
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
                     "command": ["python", "-m", "cairn.trainer.reference"],
                     "args": ["--steps", "10"],
                     "env": env,
@@ -229,3 +235,75 @@ def test_attempt_pods_are_named_deterministically() -> None:
     assert names.master_addr(job="demo", namespace="ml", attempt=2) == (
         "demo-a2-n0.demo.ml.svc.cluster.local"
     )
+
+
+def test_pods_meet_restricted_and_the_overlay_merges_over_it() -> None:
+    plain = builders.pod(jobs.job(), attempt=1, rank=0, resume=podenv.ResumeTarget(kind="latest"))
+    assert plain["spec"]["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert plain["spec"]["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    job = jobs.job(
+        template={
+            "securityContext": {"runAsUser": 1000, "fsGroup": 2000},
+            "containerSecurityContext": {"readOnlyRootFilesystem": True},
+        }
+    )
+    got = builders.pod(job, attempt=1, rank=0, resume=podenv.ResumeTarget(kind="latest"))
+    assert got["spec"]["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsUser": 1000,
+        "fsGroup": 2000,
+    }
+    assert got["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert got["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_privileged_overlay_drops_the_escalation_default() -> None:
+    assert builders.container_security({"privileged": True}) == {
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": True,
+    }
+
+
+def test_overlay_scheduling_and_containers_pass_through() -> None:
+    gate = {"name": "example.com/quota"}
+    spread = {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+    job = jobs.job(
+        template={
+            "serviceAccountName": "team-sa",
+            "schedulingGates": [gate],
+            "topologySpreadConstraints": [spread],
+            "runtimeClassName": "nvidia",
+            "envFrom": [{"secretRef": {"name": "wandb"}}],
+            "initContainers": [{"name": "fetch", "image": "busybox", "command": ["true"]}],
+            "sidecars": [{"name": "proxy", "image": "envoy"}],
+        }
+    )
+    got = builders.pod(job, attempt=1, rank=0, resume=podenv.ResumeTarget(kind="latest"))
+    spec = got["spec"]
+    assert spec["serviceAccountName"] == "team-sa"
+    assert spec["schedulingGates"] == [gate]
+    assert spec["topologySpreadConstraints"] == [spread]
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["containers"][0]["envFrom"] == [{"secretRef": {"name": "wandb"}}]
+    init = spec["initContainers"]
+    assert [(c["name"], c.get("restartPolicy")) for c in init] == [
+        ("fetch", None),
+        ("proxy", "Always"),
+    ]
+    assert all(c["securityContext"]["capabilities"] == {"drop": ["ALL"]} for c in init)
+    binding = builders.role_binding(job)
+    assert binding["subjects"][0]["name"] == "team-sa", "the status writer runs as team-sa"
+
+
+def test_trainer_reports_its_termination_message() -> None:
+    got = builders.pod(jobs.job(), attempt=1, rank=0, resume=podenv.ResumeTarget(kind="latest"))
+    container = got["spec"]["containers"][0]
+    assert container["terminationMessagePath"] == exitcodes.TERMINATION_MESSAGE_PATH
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"

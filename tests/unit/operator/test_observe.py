@@ -84,3 +84,81 @@ def test_invalid_job() -> None:
     assert isinstance(parsed, observe.InvalidJob)
     assert "spec.nodes" in parsed.error
     assert parsed.metadata.name == "demo"
+
+
+def test_waiting_reason_unschedulable_and_messages() -> None:
+    waiting = _raw(
+        "1",
+        "0",
+        phase="Pending",
+        initContainerStatuses=[
+            {"name": "init", "state": {"waiting": {"reason": "PodInitializing"}}}
+        ],
+        containerStatuses=[
+            {
+                "name": "trainer",
+                "state": {
+                    "waiting": {
+                        "reason": "CreateContainerConfigError",
+                        "message": 'secret "s3" not found',
+                    }
+                },
+            }
+        ],
+    )
+    pod = observe.parse_pod(waiting)
+    assert pod is not None
+    assert pod.not_starting == (
+        "CreateContainerConfigError",
+        'container trainer: secret "s3" not found',
+    )
+    creating = _raw(
+        "1",
+        "0",
+        phase="Pending",
+        containerStatuses=[
+            {"name": "trainer", "state": {"waiting": {"reason": "ContainerCreating"}}}
+        ],
+    )
+    parsed = observe.parse_pod(creating)
+    assert parsed is not None and parsed.not_starting is None
+    unscheduled = _raw(
+        "1",
+        "1",
+        phase="Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": '0/2 nodes are available: persistentvolumeclaim "c" not found.',
+            }
+        ],
+    )
+    stuck = observe.parse_pod(unscheduled)
+    assert stuck is not None
+    assert stuck.not_starting == (
+        "Unschedulable",
+        '0/2 nodes are available: persistentvolumeclaim "c" not found.',
+    )
+
+
+def test_termination_message_and_eviction() -> None:
+    raw = _raw(
+        "1",
+        "0",
+        phase="Failed",
+        reason="Evicted",
+        message="Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. ",
+        containerStatuses=[
+            {
+                "name": "trainer",
+                "state": {"terminated": {"exitCode": 78, "message": "bad resume target"}},
+            }
+        ],
+    )
+    pod = observe.parse_pod(raw)
+    assert pod is not None
+    assert (pod.exit_code, pod.termination_message) == (78, "bad resume target")
+    assert pod.pod_reason == "Evicted" and "exceeds the total limit" in pod.pod_message
+    assert pod.not_starting is None, "a terminated pod is not stuck starting"

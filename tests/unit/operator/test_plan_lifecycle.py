@@ -323,8 +323,9 @@ def test_checkpoint_conditions_and_stale() -> None:
     raw = job.model_dump(mode="json", by_alias=True, exclude_none=True)
     raw["status"]["checkpoints"] = {
         "lastCommitted": {"step": 10, "time": "2026-11-22T12:00:10Z"},
-        "lastUploaded": {"step": 5, "uri": "s3://bkt/p/step-000000005", "verified": True},
+        "lastUploaded": {"step": 5, "uri": "s3://bkt/p/step-000000005"},
     }
+    raw["status"]["storage"] = {"verifiedStep": 5}  # what the operator read back from S3
     job = trainingjob.TrainingJob.model_validate(raw)
     result, fresh = _run(job, jobs.pod(1, 0), jobs.pod(1, 1), t=20)
     assert _cond(fresh, conditions.CHECKPOINT_COMMITTED).status == "True"

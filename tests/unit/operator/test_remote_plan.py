@@ -282,3 +282,27 @@ def test_uploaded_condition_says_verified_from_the_operators_check(
         if c.type == conditions.CHECKPOINT_UPLOADED
     ]
     assert [(c.status, c.reason) for c in found] == [(True, reason)]
+
+
+def test_step_with_a_manifest_moved_aside_is_never_a_partial() -> None:
+    # Step 15 was superseded (or quarantined): its manifest now lives under
+    # .cairn/ and still references the data left in step-000000015/.
+    assert run([10, 20, 30], partial=[15], keep_last=5, aside=frozenset({15})).deletions == ()
+    assert run([10, 20, 30], partial=[15], keep_last=5).deleted_steps == (15,)
+
+
+def test_partial_keeps_another_jobs_attempt_scoped_data() -> None:
+    listing, manifests = world([10, 20, 30])
+    listing[15] = {
+        "a3-aaaaaaaa/__0_0.distcp": OBJ(size=7),
+        "a1-bbbbbbbb/__0_0.distcp": OBJ(size=7),
+        "__1_0.distcp": OBJ(size=7),
+    }
+    remote = checkpointspec.RemoteRetention(keep_last=5)
+    result = remoteplan.plan(
+        listing=listing, manifests=manifests, remote=remote, own_uid8="aaaaaaaa"
+    )
+    (deletion,) = result.deletions
+    assert deletion.partial
+    # Ours (attempt-scoped, and the pre-attempt-scoped layout) go; the other job's stays.
+    assert deletion.paths == ("__1_0.distcp", "a3-aaaaaaaa/__0_0.distcp")

@@ -133,3 +133,14 @@ def test_the_step_resumed_from_is_in_history() -> None:
     ]
     again = checkpoint_status.resumed(before, jobstatus.ResumedFrom(step=5, source="local"))
     assert again.status.history == before.status.history  # already recorded: kept as is
+
+
+def test_an_imported_checkpoint_is_reported_but_not_in_history() -> None:
+    """A checkpoint this job did not write (resume.uri, plain DCP) is not one of its steps."""
+    before = _fold(checkpoint_status.Tracker(upload_uri=URI), ("committed", 5))
+    imported = jobstatus.ResumedFrom(
+        step=7, source="remote", uri="s3://b/titan/step-7", imported=True
+    )
+    tracker = checkpoint_status.resumed(before, imported)
+    assert tracker.status.resumed_from == imported
+    assert tracker.status.history == before.status.history

@@ -71,6 +71,9 @@ def test_operator_env_parses_into_the_spec(path: pathlib.Path, rank: int) -> Non
     assert cfg.checkpoint.keep_last == spec.retention.local.keep_last
     assert cfg.checkpoint.max_bytes == spec.retention.local.max_bytes
     assert cfg.checkpoint.attempt == 3
+    assert cfg.checkpoint.async_mode == spec.async_mode
+    assert cfg.checkpoint.final_grace_seconds == spec.final_checkpoint_grace_seconds
+    assert cfg.status_interval_seconds == spec.status_interval_seconds
     if upload is None:
         assert cfg.checkpoint.s3 is None
     else:
@@ -78,6 +81,7 @@ def test_operator_env_parses_into_the_spec(path: pathlib.Path, rank: int) -> Non
         assert cfg.checkpoint.s3.uri == upload.uri
         assert cfg.checkpoint.s3.endpoint_url == upload.endpoint
         assert cfg.checkpoint.s3.concurrency == upload.concurrency
+        assert cfg.checkpoint.upload_on_failure == upload.on_failure
         if upload.credentials_secret_ref is not None:
             assert env[podenv.AWS_ACCESS_KEY_ID] == "AKIA-test"
     assert env[podenv.WORLD_SIZE] == str(job.spec.nodes * job.spec.procs_per_node)
@@ -88,3 +92,7 @@ def test_malformed_values_name_the_variable() -> None:
         runtime_config.from_env({podenv.CHECKPOINT_INTERVAL_STEPS: "five"})
     with pytest.raises(ValueError, match="CAIRN_RESUME_FROM"):
         runtime_config.from_env({podenv.RESUME_FROM: "yesterday"})
+    with pytest.raises(ValueError, match="CAIRN_ASYNC_MODE"):
+        runtime_config.from_env({podenv.ASYNC_MODE: "sometimes"})
+    with pytest.raises(ValueError, match="CAIRN_UPLOAD_ON_FAILURE"):
+        runtime_config.from_env({podenv.UPLOAD_ON_FAILURE: "Ignore"})

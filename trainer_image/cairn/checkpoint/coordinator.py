@@ -5,7 +5,7 @@ requests (time-based saves, preemption) go through a `Coordinator`. The
 c10d-store backend uses the rendezvous TCPStore that torchrun already runs;
 a Ray backend would implement the same protocol with an actor. Collectives on
 the training process group are never used here: an async save that issues
-them while FSDP keeps training deadlocks (see FIELD-NOTES).
+them while FSDP keeps training deadlocks (docs/checkpointing.md, "The lifecycle of a step").
 
 Keys are namespaced by attempt, so a store shared across restarts never
 mixes the reports of two attempts. Every wait is bounded.

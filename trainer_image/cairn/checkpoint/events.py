@@ -20,12 +20,16 @@ Phase = typing.Literal[
     "written",
     "committed",
     "uploaded",
+    "upload_failed",
     "rotated",
     "finished",
     "failed",
     "restored",
     "restore_fallback",
+    "quarantined",
     "deleted",
+    "kept",
+    "superseded",
 ]
 
 

@@ -3,7 +3,9 @@
 Tests kill a rank at a precise phase of the lifecycle: they set
 `CAIRN_CKPT_FAULT=<phase>[:<rank>[:<step>]]` and `CAIRN_CKPT_FAULT_DIR`; when
 the writer reaches that pause point it writes `<dir>/<phase>-<rank>-<step>`
-(containing its pid) and sleeps, bounded, so the test can SIGKILL it there.
+(containing its pid) and sleeps, bounded, so the test can SIGKILL it there
+(or let it go on: the writer resumes once `<dir>/<phase>-<rank>-<step>.release`
+exists, which is how a test holds a zombie writer and then releases it).
 Unset (production), a pause point is a dictionary lookup.
 """
 
@@ -36,4 +38,8 @@ def pause_point(phase: str, *, rank: int, step: int) -> None:
     directory = pathlib.Path(os.environ.get(ENV_FAULT_DIR, "."))
     marker = directory / f"{phase}-{rank}-{step}"
     marker.write_text(str(os.getpid()))
-    time.sleep(float(os.environ.get(ENV_FAULT_SLEEP, "120")))
+    # A test holding a zombie lets it go on by creating `<marker>.release`.
+    release = marker.with_name(f"{marker.name}.release")
+    deadline = time.monotonic() + float(os.environ.get(ENV_FAULT_SLEEP, "120"))
+    while time.monotonic() < deadline and not release.exists():
+        time.sleep(0.05)

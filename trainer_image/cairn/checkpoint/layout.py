@@ -1,23 +1,30 @@
-"""The local on-disk layout of checkpoints and the one "committed" predicate.
+"""The local on-disk layout of checkpoints and the one classification of a step folder.
 
-    <root>/.cairn-fence            highest attempt id that started (fencing)
-    <root>/step-000000120/         one folder per step, zero-padded
-        __0_0.distcp ...           DCP data files, one per rank (and thread)
-        .metadata                  DCP metadata (rank 0)
-        manifest.json              commit record, written LAST by rank 0
-        .uploaded                  local marker: the remote manifest exists
+    <root>/.cairn-fence                      job UID + highest attempt that started
+    <root>/.step-000000120.tmp-<uid8>-a3/    attempt-scoped temporary folder (writing)
+        .cairn-writer                        who writes here (job UID, attempt), first
+        __0_0.distcp ...  .metadata          DCP data files
+        manifest.json                        the manifest, written last, then ...
+    <root>/step-000000120/                   ... the folder renamed into place (commit)
+        .uploaded                            local marker: the remote manifest exists
+    <root>/.cairn/                           lineage record, folders moved aside
 
-`is_committed()` is the only predicate that discovery, resume and rotation
-use. Everything that writes here is durable before it is visible: files are
-fsynced, then renamed or linked into place, then the folder is fsynced.
+A step is committed by ONE rename: the temporary folder, complete with its
+fsynced manifest, becomes `step-<N>/`; the rename fails when `step-<N>/`
+exists, and nothing ever writes into a committed folder. `classify()` is the
+one function that says what a `step-<N>` folder is; discovery, resume,
+rotation and start-up clean-up all use it. Only `partial_own` may be
+deleted; what cannot be read is kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import pathlib
+import re
 import shutil
 import typing
 
@@ -27,9 +34,38 @@ from awscrt import checksums
 from cairn.api import manifest as manifest_mod
 from cairn.checkpoint import errors
 
-FENCE_NAME = ".cairn-fence"
 UPLOADED_MARKER = ".uploaded"
+WRITER_MARKER = ".cairn-writer"
+"""Written into a temporary step folder before any data: who writes there."""
 _CHUNK = 8 * 1024 * 1024
+_TMP_RE = re.compile(r"^\.step-(\d+)\.tmp-([0-9A-Za-z-]{1,8})-a(\d+)$")
+
+Kind = typing.Literal["committed", "foreign", "unreadable", "partial_own", "unknown"]
+"""What a step folder is (see `classify`); only `partial_own` may be deleted."""
+
+
+def uid8(job_uid: str | None) -> str:
+    """The short job identity used in folder names and lineage ids. Pure."""
+    return job_uid[:8] if job_uid else "local"
+
+
+def tmp_dir_name(step: int, *, job_uid: str | None, attempt: int) -> str:
+    """`.step-<N>.tmp-<uid8>-a<attempt>`: unique per job attempt. Pure."""
+    return f".{manifest_mod.step_dir_name(step)}.tmp-{uid8(job_uid)}-a{attempt}"
+
+
+def parse_tmp_dir_name(name: str) -> tuple[int, str, int] | None:
+    """(step, uid8, attempt) of a temporary step folder name, else None. Pure."""
+    match = _TMP_RE.match(name)
+    if match is None:
+        return None
+    return int(match.group(1)), match.group(2), int(match.group(3))
+
+
+def tmp_step_dir(
+    root: pathlib.Path, step: int, *, job_uid: str | None, attempt: int
+) -> pathlib.Path:
+    return root / tmp_dir_name(step, job_uid=job_uid, attempt=attempt)
 
 
 def step_dir(root: pathlib.Path, step: int) -> pathlib.Path:
@@ -59,24 +95,124 @@ def read_manifest(folder: pathlib.Path) -> manifest_mod.Manifest:
         raise errors.CheckpointError(f"{path}: no valid manifest: {exc}") from exc
 
 
-def is_committed(folder: pathlib.Path) -> bool:
-    """THE commit predicate: a valid manifest for this folder's step is present.
+def is_committed(folder: pathlib.Path, *, job_uid: str | None = None) -> bool:
+    """Whether folder is a committed step of this job (`classify` says "committed").
 
-    A folder without one is an abandoned partial (or still being written) and
-    is never loaded, counted, or kept by rotation.
+    Without `job_uid` (library use) every valid manifest counts as this job's.
     """
-    step = manifest_mod.parse_step_dir_name(folder.name)
-    if step is None:
-        return False
+    return classify(folder, job_uid=job_uid) == "committed"
+
+
+def committed_steps(root: pathlib.Path, *, job_uid: str | None = None) -> list[int]:
+    """This job's committed steps under root, oldest first."""
+    return sorted(
+        step
+        for step, folder in step_dirs(root).items()
+        if classify(folder, job_uid=job_uid) == "committed"
+    )
+
+
+def owns(owner: str | None, *, job_uid: str | None) -> bool:
+    """Whether a manifest/marker written by `owner` belongs to job `job_uid`. Pure.
+
+    No owner recorded (an older Cairn) or no identity of our own (library
+    use): ours. Otherwise the UIDs must match.
+    """
+    return owner is None or job_uid is None or owner == job_uid
+
+
+def classify(folder: pathlib.Path, *, job_uid: str | None) -> Kind:
+    """What a `step-<N>` (or temporary step) folder is, for this job. Never raises.
+
+    committed    a valid manifest of this folder's step, written by this job
+                 (or by an older Cairn, which recorded no job UID)
+    foreign      a valid manifest of another job, or a plain DCP folder
+                 (`.metadata`, no manifest), or another job's writer marker
+    unreadable   a manifest that cannot be read: newer major version,
+                 invalid, wrong step, a symlink, or an OS error reading it
+    partial_own  no manifest, provably written by an attempt of this job (its
+                 `.cairn-writer` marker, or a temporary folder of this job)
+    unknown      anything else (no manifest, no marker): kept
+    """
     try:
-        return read_manifest(folder).step == step
-    except errors.CheckpointError:
-        return False
+        return _classify(folder, job_uid=job_uid)
+    except OSError:
+        return "unreadable"
 
 
-def committed_steps(root: pathlib.Path) -> list[int]:
-    """Committed steps under root, oldest first."""
-    return sorted(step for step, folder in step_dirs(root).items() if is_committed(folder))
+def _classify(folder: pathlib.Path, *, job_uid: str | None) -> Kind:
+    tmp = parse_tmp_dir_name(folder.name)
+    if tmp is not None:
+        # A temporary folder is never committed, even with a manifest inside:
+        # the commit is the rename.
+        return "partial_own" if tmp[1] == uid8(job_uid) else "unknown"
+    step = manifest_mod.parse_step_dir_name(folder.name)
+    manifest_path = folder / manifest_mod.MANIFEST_NAME
+    if os.path.lexists(manifest_path):
+        if manifest_path.is_symlink():
+            return "unreadable"
+        try:
+            found = manifest_mod.parse_manifest(manifest_path.read_bytes())
+        except (ValueError, OSError):  # newer version, invalid JSON/schema, I/O
+            return "unreadable"
+        if found.step != step:
+            return "unreadable"
+        return "committed" if owns(found.job_uid, job_uid=job_uid) else "foreign"
+    marker = read_writer_marker(folder)
+    if marker is not None:
+        return "partial_own" if owns(marker.get("job_uid"), job_uid=job_uid) else "foreign"
+    if (folder / ".metadata").exists():
+        return "foreign"  # a plain DCP checkpoint (dcp.save, TorchTitan)
+    return "unknown"
+
+
+def write_writer_marker(folder: pathlib.Path, *, job_uid: str | None, attempt: int) -> None:
+    """Record who writes into folder, before any data (atomic, idempotent)."""
+    body = json.dumps({"job_uid": job_uid, "attempt": attempt}).encode()
+    tmp = folder / f"{WRITER_MARKER}.tmp-{os.getpid()}"
+    tmp.write_bytes(body)
+    tmp.replace(folder / WRITER_MARKER)
+
+
+def read_writer_marker(folder: pathlib.Path) -> dict[str, typing.Any] | None:
+    """The writer marker's content; None when absent or unreadable."""
+    try:
+        doc = json.loads((folder / WRITER_MARKER).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def commit_folder(tmp: pathlib.Path, final: pathlib.Path, manifest: manifest_mod.Manifest) -> None:
+    """THE local commit: manifest last into `tmp`, then rename `tmp` to `final`.
+
+    The manifest is fsynced before the rename and the root after it. Refuses
+    (FencedError) when `final` exists: a committed step is never replaced
+    (os.rename would also fail onto a non-empty folder, but an empty one
+    would be silently replaced).
+    """
+    write_manifest_exclusive(tmp, manifest)
+    if os.path.lexists(final):
+        raise errors.FencedError(
+            f"{final} already exists; step {manifest.step} not committed again"
+        )
+    try:
+        os.rename(tmp, final)
+    except OSError as exc:
+        raise errors.FencedError(f"rename {tmp} -> {final} refused: {exc}") from exc
+    fsync_dir(final.parent)
+
+
+def tmp_dirs(root: pathlib.Path) -> dict[pathlib.Path, tuple[int, str, int]]:
+    """Every temporary step folder under root: path -> (step, uid8, attempt)."""
+    found: dict[pathlib.Path, tuple[int, str, int]] = {}
+    if not root.is_dir():
+        return found
+    for child in root.iterdir():
+        parsed = parse_tmp_dir_name(child.name)
+        if parsed is not None and child.is_dir() and not child.is_symlink():
+            found[child] = parsed
+    return found
 
 
 def fsync_dir(folder: pathlib.Path) -> None:
@@ -181,43 +317,6 @@ def write_manifest_exclusive(folder: pathlib.Path, manifest: manifest_mod.Manife
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(folder)
-
-
-def read_fence(root: pathlib.Path) -> int:
-    """Highest attempt id that started writing under root (-1 if none)."""
-    try:
-        return int((root / FENCE_NAME).read_text().strip())
-    except FileNotFoundError:
-        return -1
-    except ValueError as exc:
-        raise errors.CheckpointError(f"{root / FENCE_NAME} is not an integer") from exc
-
-
-def raise_fence(root: pathlib.Path, attempt: int) -> None:
-    """Record that `attempt` started; refuses if a newer attempt already did.
-
-    From here on, commits of older attempts are refused (`check_fence`).
-    """
-    current = read_fence(root)
-    if current > attempt:
-        raise errors.FencedError(f"attempt {attempt} started after newer attempt {current}")
-    if current == attempt:
-        return
-    tmp = root / f"{FENCE_NAME}.tmp-{os.getpid()}"
-    tmp.write_text(f"{attempt}\n")
-    with tmp.open("rb") as stream:
-        os.fsync(stream.fileno())
-    tmp.replace(root / FENCE_NAME)
-    fsync_dir(root)
-
-
-def check_fence(root: pathlib.Path, attempt: int) -> None:
-    """Refuse (FencedError) when a newer attempt than ours has started."""
-    current = read_fence(root)
-    if current > attempt:
-        raise errors.FencedError(
-            f"attempt {attempt} may not commit: attempt {current} has started (fenced)"
-        )
 
 
 def delete_step(

@@ -25,9 +25,11 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import datetime
+import functools
 import itertools
 import logging
 import signal
+import threading
 import time
 import types
 import typing
@@ -36,8 +38,25 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import staging
 
+from cairn.api import checkpointspec
+from cairn.checkpoint import (
+    agreement,
+    errors,
+    events,
+    faults,
+    foreign,
+    gpu,
+    layout,
+    lineage,
+    options,
+    pipeline,
+    remote,
+    rotation,
+    startup,
+    state,
+    upload_backlog,
+)
 from cairn.checkpoint import coordinator as coordinator_mod
-from cairn.checkpoint import errors, events, faults, layout, options, pipeline, remote, state
 from cairn.checkpoint import restore as restore_mod
 
 if typing.TYPE_CHECKING:
@@ -53,6 +72,9 @@ class _InFlight:
     step: int
     staged: concurrent.futures.Future[dict[str, typing.Any]]
     done: concurrent.futures.Future[None]
+    committed: threading.Event = dataclasses.field(default_factory=threading.Event)
+    phase: str = "staging"
+    """The last phase this rank finished (for a deadline report)."""
 
 
 class CheckpointManager:
@@ -70,7 +92,9 @@ class CheckpointManager:
         process group and a client built from `opts.s3`; pass them to use
         another backend (e.g. Ray) or an instrumented client."""
         self._opts = opts
-        self._callbacks = tuple(callbacks)
+        # The manager listens too: commits release `asyncMode: off` saves and
+        # the final checkpoint's deadline wait.
+        self._callbacks = (*tuple(callbacks), self._on_event)
         # Every rank constructs managers in the same order, so the counter
         # gives the same namespace everywhere and two managers of one
         # attempt never read each other's keys.
@@ -94,34 +118,46 @@ class CheckpointManager:
         self._closed = False
         self._final_flag = False
         self._final_proposed = False
-        self._final_step: int | None = None
-        self._requested: set[int] = set()
-        self._request_seq = 0
+        self._final_saved = False
+        self._agreement = agreement.Agreement(
+            self._coord, timeout=opts.timeout_seconds, grace=opts.final_grace_seconds
+        )
         self._restores = itertools.count()
         self._last_save = time.monotonic()
-        self._init_root()
-        cuda = torch.cuda.is_available()
-        # Pinned buffers need an accelerator (ignored with a warning on CPU);
-        # shared memory is only needed by a process writer.
-        self._stager = staging.DefaultStager(
-            staging.StagingOptions(
-                use_pinned_memory=cuda,
-                use_shared_memory=False,
-                use_async_staging=True,
-                use_non_blocking_copy=cuda,
-            )
+        # Once per manager: does every rank see one directory (shared volume)
+        # or its own (emptyDir per pod)? Commit and rotation follow it.
+        self._shared = startup.probe_shared(
+            directory=opts.directory,
+            coordinator=self._coord,
+            namespace="volume-probe",
+            timeout=opts.timeout_seconds,
         )
+        self._lineage: lineage.Decision | None = None
+        self._init_root()
+        self._stager = make_stager(opts.async_mode, cuda=torch.cuda.is_available())
+        self._backlog = (
+            upload_backlog.Backlog(
+                opts=opts,
+                coordinator=self._coord,
+                callbacks=self._callbacks,
+                shared=self._is_shared(),
+            )
+            if self._s3 is not None
+            else None
+        )
+        self._backlog_started = False
+        self._abandoned: concurrent.futures.Future[None] | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="cairn-ckpt-writer"
         )
 
     def _init_root(self) -> None:
-        """Rank 0 raises the fence and cleans abandoned partials; others wait."""
+        """Each volume once (rank 0's first): fence, pending branch, clean-up, rotation."""
         if self._rank == 0:
             try:
-                self._opts.directory.mkdir(parents=True, exist_ok=True)
-                layout.raise_fence(self._opts.directory, self._opts.attempt)
-                pipeline.rotate(self._opts, in_flight=frozenset(), callbacks=self._callbacks)
+                if self._s3 is not None and self._opts.s3 is not None and self._opts.job_uid:
+                    remote.check_prefix_owner(self._s3, self._opts.s3, job_uid=self._opts.job_uid)
+                self._prepare_volume()
             except BaseException as exc:
                 self._coord.broadcast("init", {"error": repr(exc)})
                 raise
@@ -130,6 +166,47 @@ class CheckpointManager:
             result = self._coord.wait_for("init", timeout=self._opts.timeout_seconds)
             if result.get("error"):
                 raise errors.CheckpointError(f"checkpoint root init failed: {result['error']}")
+            if rotation.rotates_here(rank=self._rank, shared=self._is_shared()):
+                # Node-local volume: this rank's own volume is its to prepare.
+                self._prepare_volume()
+
+    def _volume(self) -> lineage.Volume:
+        return lineage.Volume(
+            root=self._opts.directory,
+            job_uid=self._opts.job_uid,
+            attempt=self._opts.attempt,
+            rank=self._rank,
+            client=self._s3 if self._rank == 0 else None,
+            s3opts=self._opts.s3 if self._rank == 0 else None,
+        )
+
+    def _prepare_volume(self) -> None:
+        startup.prepare(
+            self._opts.directory,
+            job_uid=self._opts.job_uid,
+            attempt=self._opts.attempt,
+            rank=self._rank,
+            callbacks=self._callbacks,
+        )
+        lineage.finish_pending(self._volume(), callbacks=self._callbacks)
+        rotation.rotate(
+            self._opts, rank=self._rank, in_flight=frozenset(), callbacks=self._callbacks
+        )
+
+    def _begin_lineage(self, loaded: int | None, *, imported: bool = False) -> lineage.Decision:
+        """Continue the loaded step's lineage or branch (collective; see `lineage`)."""
+        if self._lineage is None:
+            self._lineage = lineage.begin(
+                coordinator=self._coord,
+                volume=self._volume(),
+                shared=self._is_shared(),
+                loaded=loaded,
+                key="lineage",
+                timeout=self._opts.timeout_seconds,
+                callbacks=self._callbacks,
+                imported=imported,
+            )
+        return self._lineage
 
     # -- the training loop's calls -------------------------------------------------
 
@@ -137,25 +214,31 @@ class CheckpointManager:
         """Whether `step` is a save step; every rank gets the same answer.
 
         Step intervals are decided locally. Time intervals (rank 0's clock)
-        and preemption requests (any rank's SIGTERM) become a request for a
-        step two steps ahead, posted to the coordinator; ranks run at most
-        one step apart (FSDP's collectives), so every rank sees it in time.
+        and preemption requests (any rank's SIGTERM) become a numbered
+        request in the coordinator store; every rank that sees it reports the
+        step it just finished, and all save at `max(reported) + 1`
+        (`cairn.checkpoint.agreement`). A rank that reaches its own report + 1 before every
+        report is in waits there (bounded), so none is past the agreed step
+        when it learns it, however far apart the ranks run (NCCL lets the CPU
+        run ahead).
         """
         self._raise_pending()
-        self._poll_requests()
-        world = self._coord.world_size
-        ahead = 2 if world > 1 else 0
+        self._start_backlog_once()
+        agreed = self._agreement
+        agreed.poll()
         if self._final_flag and not self._final_proposed:
             self._final_proposed = True
-            self._propose(step + ahead, final=True)
+            agreed.request(final=True)
         if (
             self._opts.interval_seconds is not None
             and self._rank == 0
             and time.monotonic() - self._last_save >= self._opts.interval_seconds
-            and not any(s > step for s in self._requested)
+            and not any(s > step for s in agreed.requested)
+            and not agreed.pending()
         ):
-            self._propose(step + ahead, final=False)
-        if step in self._requested:
+            agreed.request(final=False)
+        agreed.agree(step)
+        if step in agreed.requested:
             return True
         return self._opts.interval_steps is not None and step % self._opts.interval_steps == 0
 
@@ -169,12 +252,14 @@ class CheckpointManager:
         Waits for the previous save first (at most one in flight).
         """
         self._raise_pending()
+        # The lineage is settled before anything else touches S3 (the backlog).
+        current = self._begin_lineage(None)
+        self._start_backlog_once()
         if not force and not self.should_save(step):
             return False
-        folder = layout.step_dir(self._opts.directory, step)
-        if layout.is_committed(folder):
-            log.warning("checkpoint step %d is already committed; not saving it again", step)
-            return False
+        # Orbax semantics: a lineage only moves forward; never a silent skip.
+        lineage.check_save(step, latest=current.latest, lineage=current.lineage)
+        self._lineage = dataclasses.replace(current, latest=step)
         t0 = time.monotonic()
         self.wait_until_finished()
         snapshot = {
@@ -182,23 +267,18 @@ class CheckpointManager:
             for name, obj in objects.items()
         }
         faults.pause_point("staging", rank=self._rank, step=step)
-        staged = self._stager.stage(snapshot)
-        if not isinstance(staged, concurrent.futures.Future):
-            done_now: concurrent.futures.Future[dict[str, typing.Any]] = concurrent.futures.Future()
-            done_now.set_result(staged)
-            staged = done_now
-        ctx = pipeline.StepContext(
-            step=step,
-            opts=self._opts,
-            coordinator=self._coord,
-            process_group=self._pg,
-            s3_client=self._s3,
-            callbacks=self._callbacks,
-            started=t0,
-        )
-        done = self._executor.submit(pipeline.run_step, ctx, staged)
-        self._inflight = _InFlight(step=step, staged=staged, done=done)
+        staged = self._stage(snapshot)
+        ctx = self._context(step, started=t0)
+        inflight = _InFlight(step=step, staged=staged, done=concurrent.futures.Future())
+        self._inflight = inflight  # before the writer starts: its events must find it
+        inflight.done = self._executor.submit(pipeline.run_step, ctx, staged)
         self._last_save = time.monotonic()
+        if step == self._agreement.final_step:
+            self._final_saved = True
+        if self._opts.async_mode == "off":
+            # Synchronous: return after the local commit, like dcp.save
+            # returns after its write (upload and rotation go on behind).
+            self._wait_committed(inflight, deadline=None)
         events.emit(
             self._callbacks,
             events.ProgressEvent(
@@ -235,9 +315,11 @@ class CheckpointManager:
     def request_final_checkpoint(self) -> None:
         """Ask for a final checkpoint at the next agreed step boundary.
 
-        Safe to call from a signal handler: it only sets a flag; the next
-        `should_save()` turns it into a request every rank sees.
+        Safe to call from a signal handler: it only sets a flag and notes the
+        time (the grace period runs from here); the next `should_save()`
+        turns it into a request every rank sees.
         """
+        self._agreement.note_signal()
         self._final_flag = True
 
     def install_sigterm_handler(self) -> None:
@@ -249,9 +331,39 @@ class CheckpointManager:
         signal.signal(signal.SIGTERM, handler)
 
     def reached_final(self, step: int) -> bool:
-        """True once the final (preemption) checkpoint step was saved and is committed."""
-        if self._final_step is None or step < self._final_step:
+        """True once the final (preemption) checkpoint step was saved and committed.
+
+        The commit is awaited until the grace period's deadline
+        (`agreement.final_deadline`); a final step this rank did not save, or one that
+        does not commit in time, raises with the reason instead of being
+        reported as saved. An upload still running at the deadline stays in
+        the upload backlog of the next attempt (the step is committed).
+        """
+        final_step = self._agreement.final_step
+        if final_step is None or step < final_step:
             return False
+        if not self._final_saved:
+            raise errors.CheckpointError(
+                f"rank {self._rank}: the final checkpoint step {final_step} was not "
+                f"saved (the training loop did not call save() at that step)"
+            )
+        inflight = self._inflight
+        if inflight is None or inflight.step != final_step:
+            return True  # already finished and re-raised nothing
+        deadline = self._agreement.deadline()
+        self._wait_committed(inflight, deadline=deadline)
+        try:
+            inflight.done.result(timeout=max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            log.warning(
+                "final checkpoint step %d is committed; its upload (%s) did not finish "
+                "within the grace period and stays in the upload backlog",
+                inflight.step,
+                inflight.phase,
+            )
+            self._inflight = None
+            self._abandoned = inflight.done
+            return True
         self.wait_until_finished()
         return True
 
@@ -262,15 +374,25 @@ class CheckpointManager:
         return steps[-1] if steps else None
 
     def all_steps(self) -> list[int]:
-        """Committed local steps, oldest first."""
-        return layout.committed_steps(self._opts.directory)
+        """This job's committed local steps, oldest first."""
+        return layout.committed_steps(self._opts.directory, job_uid=self._opts.job_uid)
 
     def restore(
-        self, objects: typing.Mapping[str, state.Stateful], *, step: int | None = None
+        self,
+        objects: typing.Mapping[str, state.Stateful],
+        *,
+        step: int | None = None,
+        uri: str | None = None,
+        key_map: foreign.KeyMap | None = None,
     ) -> restore_mod.RestoreResult | None:
-        """Load the newest verified committed step (local, else S3) into `objects`."""
+        """Load the newest verified committed step (local, else S3) into `objects`.
+
+        `step` or `uri` (an S3 step folder or plain DCP checkpoint, imported
+        with `key_map` or the documented rule) name an explicit target:
+        ConfigurationError when it cannot be loaded, never a fresh start.
+        """
         self.wait_until_finished()
-        return restore_mod.restore(
+        result = restore_mod.restore(
             opts=self._opts,
             coordinator=self._coord,
             process_group=self._pg,
@@ -279,7 +401,15 @@ class CheckpointManager:
             step=step,
             callbacks=self._callbacks,
             namespace=f"restore-{next(self._restores)}",
+            uri=uri,
+            key_map=key_map,
         )
+        if self._lineage is None:
+            self._begin_lineage(
+                None if result is None else result.step,
+                imported=result is not None and result.imported,
+            )
+        return result
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -291,8 +421,10 @@ class CheckpointManager:
         try:
             self.wait_until_finished()
         finally:
-            self._executor.shutdown(wait=True)
-            self._stager.close()
+            # A final upload abandoned at its deadline is not waited for.
+            self._executor.shutdown(wait=self._abandoned is None, cancel_futures=True)
+            if self._stager is not None:
+                self._stager.close()
             if self._pg is not None:
                 dist.destroy_process_group(self._pg)
 
@@ -323,18 +455,101 @@ class CheckpointManager:
         if inflight is not None and inflight.done.done() and inflight.done.exception():
             self.wait_until_finished()
 
-    def _poll_requests(self) -> None:
-        while (request := self._coord.poll(f"request/{self._request_seq}")) is not None:
-            self._request_seq += 1
-            self._requested.add(int(request["step"]))
-            if request.get("final"):
-                self._final_step = int(request["step"])
+    def _on_event(self, event: events.ProgressEvent) -> None:
+        """Track this rank's phases of the step in flight (writer thread)."""
+        inflight = self._inflight
+        if inflight is None or event.rank != self._rank or event.step != inflight.step:
+            return
+        if event.phase != "blocked":  # the training thread's event, not a phase
+            inflight.phase = event.phase
+        if event.phase == "committed":
+            inflight.committed.set()
 
-    def _propose(self, target: int, *, final: bool) -> None:
-        mine = {"step": target, "final": final, "rank": self._rank}
-        while True:
-            self._poll_requests()
-            won = self._coord.propose(f"request/{self._request_seq}", mine)
-            self._poll_requests()
-            if won == mine or not final or won.get("final"):
+    def _wait_committed(self, inflight: _InFlight, *, deadline: float | None) -> None:
+        """Block until `inflight` committed on this rank (or failed: re-raised)."""
+        while not inflight.committed.wait(0.02):
+            if inflight.done.done():
+                if inflight.done.exception() is not None:
+                    self.wait_until_finished()
                 return
+            if deadline is not None and time.monotonic() >= deadline:
+                grace = self._opts.final_grace_seconds
+                raise errors.CheckpointError(
+                    f"final checkpoint step {inflight.step} did not commit within the grace "
+                    f"period ({grace}s minus a margin): last finished phase on rank "
+                    f"{self._rank}: {inflight.phase}"
+                )
+
+    def _stage(
+        self, snapshot: dict[str, typing.Any]
+    ) -> concurrent.futures.Future[dict[str, typing.Any]]:
+        """Hand the snapshot to the stager (none with `asyncMode: off`)."""
+        staged: dict[str, typing.Any] | concurrent.futures.Future[dict[str, typing.Any]]
+        if self._stager is None:
+            # Synchronous: DCP reads the live tensors while save() blocks.
+            staged = snapshot
+        else:
+            # GPU: the staging stream waits for the compute queued so far.
+            gpu.order_after_compute(stream=gpu.staging_stream(self._stager))
+            staged = self._stager.stage(snapshot)
+        if isinstance(staged, concurrent.futures.Future):
+            return staged
+        done_now: concurrent.futures.Future[dict[str, typing.Any]] = concurrent.futures.Future()
+        done_now.set_result(staged)
+        return done_now
+
+    def _is_shared(self) -> bool:
+        return self._shared
+
+    def _context(self, step: int, *, started: float) -> pipeline.StepContext:
+        return pipeline.StepContext(
+            step=step,
+            opts=self._opts,
+            coordinator=self._coord,
+            process_group=self._pg,
+            s3_client=self._s3,
+            callbacks=self._callbacks,
+            started=started,
+            shared=self._is_shared(),
+            backlog=self._backlog,
+            lineage=None if self._lineage is None else self._lineage.lineage,
+            parent=None if self._lineage is None else self._lineage.parent,
+        )
+
+    def _start_backlog_once(self) -> None:
+        """At the first training-loop call: upload what earlier attempts
+        committed but did not upload (in the background, like a save)."""
+        if self._backlog is None or self._backlog_started or self._inflight is not None:
+            return
+        self._backlog_started = True
+        ctx = self._context(-1, started=time.monotonic())
+        done = self._executor.submit(
+            self._backlog.run,
+            tag="startup/upload",
+            current=None,
+            upload_one=functools.partial(pipeline.upload_step, ctx),
+        )
+        staged: concurrent.futures.Future[dict[str, typing.Any]] = concurrent.futures.Future()
+        staged.set_result({})
+        self._inflight = _InFlight(step=-1, staged=staged, done=typing.cast(typing.Any, done))
+
+
+def make_stager(mode: checkpointspec.AsyncMode, *, cuda: bool) -> staging.DefaultStager | None:
+    """The stager of an async mode (None for `off`).
+
+    `pinned`: page-locked host buffers and non-blocking device copies on a
+    staging stream (on CPU there is nothing to pin: same as `thread`).
+    `thread`: pageable host buffers, copied by the staging thread. Buffers
+    are reused across saves; shared memory is only for a process writer.
+    """
+    if mode == "off":
+        return None
+    pinned = mode == "pinned" and cuda
+    return staging.DefaultStager(
+        staging.StagingOptions(
+            use_pinned_memory=pinned,
+            use_shared_memory=False,
+            use_async_staging=True,
+            use_non_blocking_copy=pinned,
+        )
+    )

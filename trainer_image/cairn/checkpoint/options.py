@@ -13,7 +13,8 @@ import typing
 
 from cairn.api import checkpointspec, retention
 
-WriterKind = typing.Literal["thread"]
+if typing.TYPE_CHECKING:
+    from cairn.checkpoint import fence as fence_mod
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,9 +78,32 @@ class CheckpointOptions:
     """Local byte budget for kept committed steps (protected steps are always kept)."""
     attempt: int = 0
     """Attempt id of this run (the operator's restart counter); fences commits."""
+    job_uid: str | None = None
+    """UID of the TrainingJob (pod env CAIRN_JOB_UID). Recorded in manifests, the
+    fence and folder names; steps of another UID are foreign (kept, never
+    loaded as "latest"). None (library use): every step under the root is ours."""
+    fence: fence_mod.Fence | None = None
+    """An extra authority checked by rank 0 before each commit (the API server's
+    view of the job, `fence.ApiFence`); the local fence file is always checked."""
     s3: S3Options | None = None
-    writer: WriterKind = "thread"
-    """Background writer kind. Only the thread writer is built (see docs)."""
+    async_mode: checkpointspec.AsyncMode = "pinned"
+    """`pinned`: save() returns once staging started; the state is copied into
+    reusable pinned host buffers (page-locked on CUDA; plain memory on CPU,
+    where pinning does not exist) by a staging thread. `thread`: the same
+    with pageable host buffers. `off`: synchronous, save() returns after the
+    local commit (no staging copy: DCP reads the live tensors, like
+    `dcp.save`); upload and rotation still run in the writer thread."""
+    upload_on_failure: checkpointspec.UploadOnFailure = "Continue"
+    """What a failed upload does. `Continue`: training goes on, the step stays
+    committed locally and in the upload backlog, retried at later saves
+    (with backoff) and at start-up, and reported (`uploadError`). `Fail`:
+    the next call on the manager raises."""
+    upload_retry_seconds: float = 2.0
+    """Wait before retrying a failed upload round; doubles per failed round,
+    up to `upload_backlog.MAX_BACKOFF_FACTOR` times this."""
+    final_grace_seconds: float | None = None
+    """The pod's termination grace: the SIGTERM checkpoint must commit within
+    it (minus `FINAL_MARGIN_SECONDS`); None: `timeout_seconds` bounds it."""
     write_threads: int = 2
     """DCP writer threads per rank (one file each). Two measured 1.6x faster
     than one here: torch.save's serialization is CPU-bound per thread."""
@@ -104,3 +128,17 @@ class CheckpointOptions:
             raise ValueError("CheckpointOptions.write_threads must be >= 1")
         if self.timeout_seconds <= 0:
             raise ValueError("CheckpointOptions.timeout_seconds must be > 0")
+        if self.async_mode not in typing.get_args(checkpointspec.AsyncMode):
+            raise ValueError(
+                f"CheckpointOptions.async_mode must be one of "
+                f"{typing.get_args(checkpointspec.AsyncMode)}, got {self.async_mode!r}"
+            )
+        if self.upload_on_failure not in typing.get_args(checkpointspec.UploadOnFailure):
+            raise ValueError(
+                f"CheckpointOptions.upload_on_failure must be one of "
+                f"{typing.get_args(checkpointspec.UploadOnFailure)}, got {self.upload_on_failure!r}"
+            )
+        if self.upload_retry_seconds <= 0:
+            raise ValueError("CheckpointOptions.upload_retry_seconds must be > 0")
+        if self.final_grace_seconds is not None and self.final_grace_seconds <= 0:
+            raise ValueError("CheckpointOptions.final_grace_seconds must be > 0 or None")

@@ -5,13 +5,20 @@ the staging future. Ranks agree through the `Coordinator` (never through the
 training process group); DCP's own collectives run on a dedicated gloo group.
 
     stage   wait for the staged copy (host buffers, reused across saves)
-    write   dcp.save into step-<N>/ (files fsynced), CRC32C of own files,
-            fsync the folder, report files to rank 0
-    commit  rank 0: every rank reported → fence check → manifest.json
-            written last (exclusive create) → broadcast
-    upload  each rank uploads its own files → reports → rank 0 puts the
-            manifest last (If-None-Match) → marks the step uploaded
-    rotate  rank 0 applies the pure local retention policy
+    write   dcp.save into the attempt-scoped temporary folder
+            `.step-<N>.tmp-<uid8>-a<attempt>/` (writer marker first, files
+            fsynced), CRC32C of own files, fsync, report files to rank 0
+    commit  rank 0: every rank reported → fences (local file, API server)
+            → manifest.json written last into the temporary folder →
+            rename to step-<N>/ (refused if it exists) → broadcast; on
+            node-local volumes every rank then commits its own folder the
+            same way with the manifest rank 0 broadcast
+    upload  each rank uploads its own files to attempt-scoped keys
+            (`step-<N>/<data_prefix>/...`, full-object CRC32C checked by the
+            server) → reports → rank 0 checks the fences, puts the manifest
+            last (If-None-Match) → marks the step uploaded
+    rotate  `cairn.checkpoint.rotation`: rank 0 on a shared volume, every
+            rank on its own node-local volume
     finish  rank 0 broadcasts "finished"; no rank starts the next save
             before, so rotation never races a new step folder
 """
@@ -19,8 +26,11 @@ training process group); DCP's own collectives run on a dedicated gloo group.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import functools
 import logging
+import os
 import pathlib
 import platform
 import time
@@ -31,9 +41,19 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import filesystem, state_dict_saver
 
 from cairn.api import manifest as manifest_mod
-from cairn.api import retention
+from cairn.checkpoint import (
+    aside,
+    errors,
+    events,
+    faults,
+    layout,
+    options,
+    remote,
+    rotation,
+    upload_backlog,
+)
 from cairn.checkpoint import coordinator as coordinator_mod
-from cairn.checkpoint import errors, events, faults, layout, options, remote
+from cairn.checkpoint import fence as fence_mod
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -56,6 +76,15 @@ class StepContext:
     callbacks: typing.Sequence[events.ProgressCallback]
     started: float
     """time.monotonic() when save() was called."""
+    shared: bool = True
+    """Every rank sees one checkpoint directory (probed once by the manager);
+    False: node-local volumes, every rank commits its own folder."""
+    lineage: str | None = None
+    """Lineage id recorded in the manifest (`cairn.checkpoint.lineage`)."""
+    parent: manifest_mod.Parent | None = None
+    """The step the lineage branched from, recorded in its manifests."""
+    backlog: upload_backlog.Backlog | None = None
+    """The manager's upload backlog (None without S3)."""
 
 
 def _emit(ctx: StepContext, phase: events.Phase, **kw: typing.Any) -> None:
@@ -86,6 +115,9 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
     step = ctx.step
     key = f"step-{step}"
     folder = layout.step_dir(ctx.opts.directory, step)
+    tmp = layout.tmp_step_dir(
+        ctx.opts.directory, step, job_uid=ctx.opts.job_uid, attempt=ctx.opts.attempt
+    )
     timeout = ctx.opts.timeout_seconds
     try:
         # stage
@@ -95,8 +127,11 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
         # write
         t0 = time.monotonic()
         try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            # Before any data: proof that this job's attempt wrote here.
+            layout.write_writer_marker(tmp, job_uid=ctx.opts.job_uid, attempt=ctx.opts.attempt)
             writer = filesystem.FileSystemWriter(
-                folder, sync_files=True, thread_count=ctx.opts.write_threads
+                tmp, sync_files=True, thread_count=ctx.opts.write_threads
             )
             state_dict_saver.save(
                 state,
@@ -106,8 +141,8 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
             )
             faults.pause_point("write", rank=rank, step=step)
             dcp_seconds = time.monotonic() - t0
-            entries = [layout.entry_for(folder, n, rank=rank) for n in own_files(folder, rank)]
-            layout.fsync_dir(folder)
+            entries = [layout.entry_for(tmp, n, rank=rank) for n in own_files(tmp, rank)]
+            layout.fsync_dir(tmp)
         except Exception as exc:
             coord.publish(f"{key}/written", {"error": repr(exc)})
             raise
@@ -124,27 +159,28 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
 
         # commit
         t0 = time.monotonic()
-        manifest = _commit(ctx, folder=folder, write_seconds=write_seconds)
+        manifest = _commit(ctx, tmp=tmp, folder=folder, write_seconds=write_seconds)
         _emit(ctx, "committed", seconds=time.monotonic() - t0, bytes=manifest.total_bytes)
 
-        # upload
-        if ctx.s3_client is not None and ctx.opts.s3 is not None:
-            t0 = time.monotonic()
-            sent = _upload(ctx, folder=folder, manifest=manifest)
-            _emit(ctx, "uploaded", seconds=time.monotonic() - t0, bytes=sent)
-
-        # rotate
-        if rank == 0:
-            t0 = time.monotonic()
-            freed = rotate(
-                ctx.opts, in_flight=frozenset(), callbacks=ctx.callbacks, pause_step=step
+        # upload (this step and the backlog of earlier ones: upload_backlog)
+        if ctx.s3_client is not None and ctx.opts.s3 is not None and ctx.backlog is not None:
+            ctx.backlog.run(
+                tag=f"{key}/upload",
+                current=manifest,
+                upload_one=functools.partial(upload_step, ctx),
             )
-            _emit(ctx, "rotated", seconds=time.monotonic() - t0, bytes=freed)
+
+        # rotate (cairn.checkpoint.rotation: every rank its own volume,
+        # rank 0 alone on a shared one)
+        if rank == 0:
+            _rotate(ctx)
             coord.broadcast(f"{key}/finished", {"ok": True})
         else:
             result = coord.wait_for(f"{key}/finished", timeout=timeout)
             if result.get("error"):
                 raise errors.CheckpointError(f"step {step} failed on rank 0: {result['error']}")
+            if rotation.rotates_here(rank=rank, shared=_shared(ctx)):
+                _rotate(ctx)
         _emit(ctx, "finished", seconds=time.monotonic() - ctx.started)
     except BaseException as exc:
         if rank == 0:
@@ -158,8 +194,9 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
 
 
 def _commit(
-    ctx: StepContext, *, folder: pathlib.Path, write_seconds: float
+    ctx: StepContext, *, tmp: pathlib.Path, folder: pathlib.Path, write_seconds: float
 ) -> manifest_mod.Manifest:
+    """Rank 0 builds the manifest and commits; node-local ranks commit their own copy."""
     coord = ctx.coordinator
     key = f"step-{ctx.step}"
     timeout = ctx.opts.timeout_seconds
@@ -167,31 +204,23 @@ def _commit(
         result = coord.wait_for(f"{key}/committed", timeout=timeout)
         if result.get("error"):
             raise errors.CheckpointError(f"commit of step {ctx.step} failed: {result['error']}")
-        return manifest_mod.Manifest.model_validate(result["manifest"])
+        manifest = manifest_mod.Manifest.model_validate(result["manifest"])
+        if not ctx.shared:
+            # This rank's volume gets the same committed step (its own files,
+            # the manifest listing every rank's), fenced by its own file.
+            _fence_local(ctx)
+            faults.pause_point("commit", rank=coord.rank, step=ctx.step)
+            _commit_here(ctx, tmp=tmp, folder=folder, manifest=manifest)
+        return manifest
     try:
         reports = coord.gather(f"{key}/written", timeout=timeout)
         _check_reports(reports, f"write of step {ctx.step}")
-        files = tuple(
-            manifest_mod.FileEntry.model_validate(f) for rep in reports for f in rep["files"]
-        )
-        manifest = manifest_mod.Manifest(
-            step=ctx.step,
-            world_size=coord.world_size,
-            attempt=ctx.opts.attempt,
-            created_at=time.time(),
-            files=files,
-            versions={
-                "torch": torch.__version__,
-                "cairn": CAIRN_VERSION,
-                "python": platform.python_version(),
-            },
-            extra={"write_seconds": round(write_seconds, 3)},
-        )
-        # Fencing: a newer attempt has started → this (zombie) writer must
-        # not commit. The exclusive link below also refuses to overwrite.
-        layout.check_fence(ctx.opts.directory, ctx.opts.attempt)
+        manifest = _build_manifest(ctx, reports=reports, write_seconds=write_seconds)
+        # Fencing: a newer attempt (or a re-created job) has started → this
+        # zombie writer must not commit. The rename refuses to replace too.
+        _fence(ctx)
         faults.pause_point("commit", rank=0, step=ctx.step)
-        layout.write_manifest_exclusive(folder, manifest)
+        _commit_here(ctx, tmp=tmp, folder=folder, manifest=manifest)
     except BaseException as exc:
         coord.propose(f"{key}/committed", {"error": repr(exc)})
         raise
@@ -199,69 +228,150 @@ def _commit(
     return manifest
 
 
-def _upload(ctx: StepContext, *, folder: pathlib.Path, manifest: manifest_mod.Manifest) -> int:
+def data_prefix(opts: options.CheckpointOptions) -> str | None:
+    """The attempt-scoped S3 sub-prefix of this attempt's data objects. Pure."""
+    if opts.s3 is None:
+        return None
+    return f"a{opts.attempt}-{layout.uid8(opts.job_uid)}"
+
+
+def _build_manifest(
+    ctx: StepContext, *, reports: list[dict[str, typing.Any]], write_seconds: float
+) -> manifest_mod.Manifest:
+    files = tuple(manifest_mod.FileEntry.model_validate(f) for rep in reports for f in rep["files"])
+    return manifest_mod.Manifest(
+        step=ctx.step,
+        world_size=ctx.coordinator.world_size,
+        attempt=ctx.opts.attempt,
+        created_at=time.time(),
+        files=files,
+        versions={
+            "torch": torch.__version__,
+            "cairn": CAIRN_VERSION,
+            "python": platform.python_version(),
+        },
+        extra={"write_seconds": round(write_seconds, 3)},
+        job_uid=ctx.opts.job_uid,
+        lineage=ctx.lineage,
+        parent=ctx.parent,
+        data_prefix=data_prefix(ctx.opts),
+    )
+
+
+def _fence_local(ctx: StepContext) -> None:
+    fence_mod.LocalFence(root=ctx.opts.directory, job_uid=ctx.opts.job_uid).check(ctx.opts.attempt)
+
+
+def _fence(ctx: StepContext) -> None:
+    """Rank 0 before a commit: the local fence file, then the API server's view."""
+    _fence_local(ctx)
+    if ctx.opts.fence is not None:
+        ctx.opts.fence.check(ctx.opts.attempt)
+
+
+def _commit_here(
+    ctx: StepContext, *, tmp: pathlib.Path, folder: pathlib.Path, manifest: manifest_mod.Manifest
+) -> None:
+    """Clear the way (another job's folder is moved aside), then rename into place."""
+    if os.path.lexists(folder):
+        kind = layout.classify(folder, job_uid=ctx.opts.job_uid)
+        if kind == "partial_own":
+            # A deletion of ours interrupted after the manifest went.
+            layout.delete_step(folder)
+        elif kind == "committed":
+            raise errors.FencedError(
+                f"step {ctx.step} is already committed in {folder}; not committed again"
+            )
+        else:
+            aside.move_aside_local(
+                ctx.opts.directory,
+                folder,
+                kind="foreign",
+                tag=_owner_tag(folder, kind),
+                reason=f"{kind} folder in the way of job {ctx.opts.job_uid} step {ctx.step}",
+            )
+    layout.commit_folder(tmp, folder, manifest)
+
+
+def _owner_tag(folder: pathlib.Path, kind: layout.Kind) -> str:
+    """The aside tag of a folder in the way: its job's uid8, else its kind."""
+    if kind == "foreign":
+        with contextlib.suppress(errors.CheckpointError):
+            uid = layout.read_manifest(folder).job_uid
+            if uid:
+                return layout.uid8(uid)
+        marker = layout.read_writer_marker(folder) or {}
+        if isinstance(marker.get("job_uid"), str):
+            return layout.uid8(marker["job_uid"])
+        return "dcp"
+    return kind
+
+
+def upload_step(
+    ctx: StepContext, *, folder: pathlib.Path, manifest: manifest_mod.Manifest, key: str
+) -> int:
+    """Upload one committed step (this save's or one of the backlog) under
+    coordinator key `key`: own files, then rank 0 puts the manifest last."""
     assert ctx.s3_client is not None and ctx.opts.s3 is not None  # checked by caller
     coord = ctx.coordinator
-    key = f"step-{ctx.step}"
-    names = [e.path for e in manifest.files_of_rank(coord.rank)]
     try:
         sent = remote.upload_files(
-            ctx.s3_client, ctx.opts.s3, step=ctx.step, folder=folder, names=names
+            ctx.s3_client,
+            ctx.opts.s3,
+            folder=folder,
+            manifest=manifest,
+            entries=manifest.files_of_rank(coord.rank),
         )
-        faults.pause_point("upload", rank=coord.rank, step=ctx.step)
+        faults.pause_point("upload", rank=coord.rank, step=manifest.step)
     except Exception as exc:
         coord.publish(f"{key}/uploaded", {"error": repr(exc)})
         raise
     coord.publish(f"{key}/uploaded", {"bytes": sent})
     if coord.rank == 0:
         reports = coord.gather(f"{key}/uploaded", timeout=ctx.opts.timeout_seconds)
-        _check_reports(reports, f"upload of step {ctx.step}")
+        _check_reports(reports, f"upload of step {manifest.step}")
         # Rank 0's "uploaded" event stands for the whole step (status, metrics).
         sent = sum(int(report.get("bytes", 0)) for report in reports)
         # Only now, with every rank's files in the bucket, is the step
         # committed remotely.
-        layout.check_fence(ctx.opts.directory, ctx.opts.attempt)
-        remote.put_manifest(ctx.s3_client, ctx.opts.s3, manifest)
+        _fence(ctx)
+        _put_manifest(ctx.s3_client, ctx.opts.s3, manifest)
         layout.mark_uploaded(folder)
     return sent
 
 
-def rotate(
-    opts: options.CheckpointOptions,
-    *,
-    in_flight: frozenset[int],
-    callbacks: typing.Sequence[events.ProgressCallback],
-    pause_step: int | None = None,
-) -> int:
-    """Observe the local root, ask the pure policy, delete; returns bytes freed (rank 0)."""
-    records = []
-    folders = layout.step_dirs(opts.directory)
-    for step, folder in folders.items():
-        committed = layout.is_committed(folder)
-        size = layout.read_manifest(folder).total_bytes if committed else 0
-        records.append(
-            retention.StepRecord(
-                step=step, committed=committed, bytes=size, uploaded=layout.is_uploaded(folder)
-            )
+def _put_manifest(
+    client: S3Client, s3opts: options.S3Options, manifest: manifest_mod.Manifest
+) -> None:
+    """The remote commit; another job's manifest in the way is moved aside first."""
+    try:
+        remote.put_manifest(client, s3opts, manifest)
+    except remote.ForeignManifestError as exc:
+        aside.move_aside_remote(
+            client,
+            s3opts,
+            manifest.step,
+            kind="foreign",
+            tag=layout.uid8(exc.owner),
+            reason=f"in the way of job {manifest.job_uid} step {manifest.step}",
         )
-    plan = retention.plan_local(
-        steps=records,
-        in_flight=in_flight,
-        keep_last=opts.keep_last,
-        max_bytes=opts.max_bytes,
-        upload_enabled=opts.s3 is not None,
+        remote.put_manifest(client, s3opts, manifest)
+
+
+def _shared(ctx: StepContext) -> bool:
+    return ctx.shared
+
+
+def _rotate(ctx: StepContext) -> None:
+    t0 = time.monotonic()
+    result = rotation.rotate(
+        ctx.opts,
+        rank=ctx.coordinator.rank,
+        in_flight=frozenset(),
+        callbacks=ctx.callbacks,
+        pause_step=ctx.step,
     )
-    freed = 0
-
-    def pause() -> None:
-        # Fault injection: stop between "manifest gone" and "files gone".
-        if pause_step is not None:
-            faults.pause_point("rotate", rank=0, step=pause_step)
-
-    for step in (*plan.delete_committed, *plan.delete_partial):
-        freed += layout.delete_step(folders[step], after_manifest=pause)
-        events.emit(
-            callbacks,
-            events.ProgressEvent(phase="deleted", step=step, rank=0, message="rotated"),
-        )
-    return freed
+    message = rotation.over_budget_message(result, ctx.opts)
+    if message:
+        log.warning("rank %d: %s", ctx.coordinator.rank, message)
+    _emit(ctx, "rotated", seconds=time.monotonic() - t0, bytes=result.freed, message=message)

@@ -8,11 +8,18 @@ silent request and `transfer_timeout` bounds a whole transfer. The manifest
 is written with `If-None-Match: *` so a remote commit never overwrites an
 existing one; stores that reject conditional writes fall back to
 check-then-put. Remote commit = the manifest object exists.
+
+The read side (restore, import) keeps transport apart from verification:
+`is_transient` says which failures are the network's, `retrying` bounds
+them, and a missing object or a refusal is reported as such, never as a
+verdict on the data.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import dataclasses
 import logging
 import pathlib
 import time
@@ -22,10 +29,11 @@ import boto3
 import boto3.s3.transfer
 import botocore.config
 import botocore.exceptions
-import pydantic
+import s3transfer.exceptions
 from awscrt import checksums
 
 from cairn.api import manifest as manifest_mod
+from cairn.api import s3owner
 from cairn.checkpoint import errors, layout, options
 
 if typing.TYPE_CHECKING:
@@ -91,30 +99,43 @@ def _poll_result(future: typing.Any, deadline: float) -> None:
     future.result()
 
 
+def crc32c_base64(crc32c_hex: str) -> str:
+    """A manifest's 8-hex-digit CRC32C as S3's base64 `ChecksumCRC32C`. Pure."""
+    return base64.b64encode(bytes.fromhex(crc32c_hex)).decode()
+
+
 def upload_files(
     client: S3Client,
     opts: options.S3Options,
     *,
-    step: int,
     folder: pathlib.Path,
-    names: list[str],
+    manifest: manifest_mod.Manifest,
+    entries: typing.Sequence[manifest_mod.FileEntry],
 ) -> int:
-    """Upload `names` from `folder` under the step prefix; returns bytes sent."""
+    """Upload manifest `entries` from `folder` to their data keys; returns bytes sent.
+
+    Keys are `step-<N>/<data_prefix>/<path>` (attempt-scoped: an upload of
+    one attempt never overwrites another attempt's objects). Each object
+    carries the manifest's whole-file CRC32C (`ChecksumCRC32C`; multipart
+    uploads as `ChecksumType=FULL_OBJECT`): the server refuses bytes that do
+    not match what was committed, and reports the same CRC on HEAD.
+    """
     deadline = time.monotonic() + opts.transfer_timeout
-    prefix = step_prefix(opts, step)
+    prefix = data_prefix(step_prefix(opts, manifest.step), manifest)
+    step = manifest.step
     manager = boto3.s3.transfer.create_transfer_manager(client, _transfer_config(opts))
     sent = 0
     futures: list[typing.Any] = []
     try:
-        for name in names:
-            path = folder / name
+        for entry in entries:
+            path = layout.safe_target(folder, entry.path)
             sent += path.stat().st_size
             futures.append(
                 manager.upload(
                     str(path),
                     opts.bucket,
-                    f"{prefix}/{name}",
-                    extra_args={"ChecksumAlgorithm": "CRC32C"},
+                    f"{prefix}/{entry.path}",
+                    extra_args={"ChecksumCRC32C": crc32c_base64(entry.crc32c)},
                 )
             )
         for future in futures:
@@ -134,13 +155,23 @@ def upload_files(
     return sent
 
 
+class ForeignManifestError(errors.FencedError):
+    """The manifest key holds another job's manifest."""
+
+    def __init__(self, message: str, *, owner: str) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
 def put_manifest(
     client: S3Client, opts: options.S3Options, manifest: manifest_mod.Manifest
 ) -> None:
     """The remote commit: create the manifest object if absent.
 
     An existing identical manifest (a retried request that had succeeded) is
-    success; a different one is refused (FencedError).
+    success; another job's manifest in the way (a re-created job writing to
+    the old prefix) raises ForeignManifestError (the caller moves it aside
+    and retries); any other existing manifest is refused (FencedError).
     """
     body = manifest_mod.dump_manifest(manifest)
     key = f"{step_prefix(opts, manifest.step)}/{manifest_mod.MANIFEST_NAME}"
@@ -157,7 +188,7 @@ def put_manifest(
             existing = _get_bytes(client, opts.bucket, key)
             if existing == body:
                 return
-            raise errors.FencedError(f"s3://{opts.bucket}/{key} exists with other content") from exc
+            _refuse_existing(opts, key, existing, manifest)
         if status not in (400, 501) and code not in ("NotImplemented", "InvalidArgument"):
             raise errors.RemoteError(f"manifest upload to {key} failed: {exc}") from exc
         log.warning("store rejected If-None-Match (%s); falling back to check-then-put", code)
@@ -166,13 +197,29 @@ def put_manifest(
     # Fallback for stores without conditional writes: not atomic, but fencing
     # already refused older attempts before we got here.
     if _exists(client, opts.bucket, key):
-        if _get_bytes(client, opts.bucket, key) == body:
+        existing = _get_bytes(client, opts.bucket, key)
+        if existing == body:
             return
-        raise errors.FencedError(f"s3://{opts.bucket}/{key} exists with other content")
+        _refuse_existing(opts, key, existing, manifest)
     try:
         client.put_object(Bucket=opts.bucket, Key=key, Body=body, ChecksumCRC32C=crc)
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
         raise errors.RemoteError(f"manifest upload to {key} failed: {exc}") from exc
+
+
+def _refuse_existing(
+    opts: options.S3Options, key: str, existing: bytes, manifest: manifest_mod.Manifest
+) -> typing.NoReturn:
+    """Raise for a manifest key that holds other content: foreign or ours."""
+    owner: str | None = None
+    # Unreadable (newer version, garbage): never replaced.
+    with contextlib.suppress(ValueError):
+        owner = manifest_mod.parse_manifest(existing).job_uid
+    if owner is not None and not layout.owns(owner, job_uid=manifest.job_uid):
+        raise ForeignManifestError(
+            f"s3://{opts.bucket}/{key} is job {owner}'s manifest", owner=owner
+        )
+    raise errors.FencedError(f"s3://{opts.bucket}/{key} exists with other content")
 
 
 def _get_bytes(client: S3Client, bucket: str, key: str) -> bytes:
@@ -203,54 +250,228 @@ def committed_steps(client: S3Client, opts: options.S3Options) -> list[int]:
                 if step is not None and name == manifest_mod.MANIFEST_NAME:
                     steps.append(step)
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-        raise errors.RemoteError(f"listing s3://{opts.bucket}/{base} failed: {exc}") from exc
+        kind = errors.TransportError if is_transient(exc) else errors.RemoteError
+        raise kind(f"listing s3://{opts.bucket}/{base} failed: {exc}") from exc
     return sorted(steps)
 
 
-def get_manifest(client: S3Client, opts: options.S3Options, step: int) -> manifest_mod.Manifest:
-    key = f"{step_prefix(opts, step)}/{manifest_mod.MANIFEST_NAME}"
+# -- the read side: restore and import ------------------------------------------
+#
+# Transport is not verification: a transient failure (5xx, throttling, a
+# reset, a timeout) is retried here, first by botocore per request, then in
+# bounded rounds around a whole fetch (`retrying`); when the rounds are spent
+# it is a `TransportError` and the restore fails. Only bytes that arrived and
+# do not match the manifest are evidence against a step.
+
+_TRANSIENT_CODES = frozenset(
+    {
+        "InternalError",
+        "ServiceUnavailable",
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "RequestLimitExceeded",
+        "PriorRequestNotComplete",
+    }
+)
+_TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
+    botocore.exceptions.ConnectionError,  # EndpointConnectionError, ConnectTimeoutError
+    botocore.exceptions.HTTPClientError,  # ConnectionClosedError, ReadTimeoutError, streaming
+    botocore.exceptions.IncompleteReadError,
+    s3transfer.exceptions.RetriesExceededError,  # a body read kept failing
+    TimeoutError,
+    ConnectionError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Pure: whether `exc` is a transport failure worth retrying.
+
+    5xx and throttling answers, connection errors, resets and timeouts are;
+    4xx answers (missing object, access denied) and anything else are not.
+    """
+    if isinstance(exc, botocore.exceptions.ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return status >= 500 or code in _TRANSIENT_CODES
+    if isinstance(exc, _TRANSIENT_TYPES):
+        return True
+    cause = exc.__cause__
+    return cause is not None and cause is not exc and is_transient(cause)
+
+
+def _is_not_found(exc: botocore.exceptions.ClientError) -> bool:
+    code = exc.response.get("Error", {}).get("Code", "")
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return code in ("NoSuchKey", "404", "NotFound") or status == 404
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Backoff:
+    """Rounds of a whole fetch after botocore's own per-request retries."""
+
+    rounds: int = 3
+    first_seconds: float = 1.0
+    max_seconds: float = 8.0
+
+    def delay(self, round_: int) -> float:
+        """Pure: seconds to wait after failed round `round_` (0-based)."""
+        return float(min(self.max_seconds, self.first_seconds * 2**round_))
+
+
+RESTORE_BACKOFF = Backoff()
+"""Bound for restore and import reads: with botocore's standard mode
+(`S3Options.max_attempts` per request) a dead endpoint fails the restore
+after about 3 x (attempts x timeouts) + 3 s instead of falling back."""
+
+T = typing.TypeVar("T")
+
+
+def retrying(
+    fetch: typing.Callable[[], T],
+    *,
+    what: str,
+    backoff: Backoff = RESTORE_BACKOFF,
+    sleep: typing.Callable[[float], None] = time.sleep,
+) -> T:
+    """Run `fetch`; retry transient failures in bounded rounds, then raise TransportError.
+
+    Non-transient errors pass through unchanged on the first occurrence.
+    """
+    for round_ in range(backoff.rounds):
+        try:
+            return fetch()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            if round_ + 1 == backoff.rounds:
+                raise errors.TransportError(
+                    f"{what}: transport kept failing after {backoff.rounds} rounds: {exc}"
+                ) from exc
+            log.warning("%s: transient S3 failure, retrying: %s", what, exc)
+            sleep(backoff.delay(round_))
+    raise AssertionError("unreachable: Backoff.rounds >= 1")
+
+
+def get_bytes_or_none(client: S3Client, bucket: str, key: str) -> bytes | None:
+    """An object's bytes, or None when it does not exist (404).
+
+    Transient failures propagate as botocore errors (for `retrying`); other
+    refusals become RemoteError.
+    """
     try:
-        return manifest_mod.parse_manifest(_get_bytes(client, opts.bucket, key))
-    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-        raise errors.RemoteError(f"reading s3://{opts.bucket}/{key} failed: {exc}") from exc
-    except (pydantic.ValidationError, ValueError) as exc:
-        raise errors.CheckpointError(
-            f"s3://{opts.bucket}/{key} is not a valid manifest: {exc}"
-        ) from exc
+        return _get_bytes(client, bucket, key)
+    except botocore.exceptions.ClientError as exc:
+        if _is_not_found(exc):
+            return None
+        if is_transient(exc):
+            raise
+        raise errors.RemoteError(f"reading s3://{bucket}/{key} failed: {exc}") from exc
+
+
+def list_sizes(client: S3Client, bucket: str, prefix: str) -> dict[str, int]:
+    """Sizes of the objects under `prefix/`, by key relative to it."""
+    base = f"{prefix}/" if prefix else ""
+    found: dict[str, int] = {}
+    try:
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket, Prefix=base):
+            for obj in page.get("Contents", []):
+                found[obj["Key"][len(base) :]] = int(obj["Size"])
+    except botocore.exceptions.ClientError as exc:
+        if is_transient(exc):
+            raise
+        raise errors.RemoteError(f"listing s3://{bucket}/{base} failed: {exc}") from exc
+    return found
+
+
+def data_prefix(folder_prefix: str, manifest: manifest_mod.Manifest) -> str:
+    """Key prefix of a step's data objects: `<folder>/<data_prefix>` as the
+    manifest records it, or the folder itself for an older Cairn. Pure."""
+    if manifest.data_prefix:
+        return f"{folder_prefix}/{manifest.data_prefix}"
+    return folder_prefix
+
+
+class MissingObjectError(errors.RemoteError):
+    """An object the manifest lists does not exist: the copy is incomplete (not corrupt)."""
 
 
 def download_files(
     client: S3Client,
     opts: options.S3Options,
     *,
-    step: int,
+    bucket: str,
+    prefix: str,
     folder: pathlib.Path,
-    entries: tuple[manifest_mod.FileEntry, ...],
+    names: typing.Sequence[str],
 ) -> int:
-    """Download manifest entries into folder (parallel ranged GETs); returns bytes.
+    """Download `prefix/<name>` to `folder/<name>` (parallel ranged GETs); returns bytes.
 
     Every path is checked before anything is written (no `..`, no absolute
     path, no symlink on the way), so a hostile manifest cannot write outside
-    the step folder.
+    the step folder. Transient failures propagate as botocore/s3transfer
+    errors (wrap in `retrying`); a missing object is MissingObjectError;
+    other refusals are RemoteError. Sizes and CRCs are the caller's to check.
     """
-    targets = [(entry, layout.safe_target(folder, entry.path)) for entry in entries]
+    targets = [(name, layout.safe_target(folder, name)) for name in names]
     deadline = time.monotonic() + opts.transfer_timeout
-    prefix = step_prefix(opts, step)
     manager = boto3.s3.transfer.create_transfer_manager(client, _transfer_config(opts))
-    received = 0
     futures: list[typing.Any] = []
     try:
-        for entry, target in targets:
+        for name, target in targets:
             target.parent.mkdir(parents=True, exist_ok=True)
-            received += entry.size
-            futures.append(manager.download(opts.bucket, f"{prefix}/{entry.path}", str(target)))
+            futures.append(manager.download(bucket, f"{prefix}/{name}", str(target)))
         for future in futures:
             _poll_result(future, deadline)
     except TimeoutError as exc:
         _abort(manager, futures)
-        raise errors.RemoteError(f"download of step {step} did not finish in time") from exc
-    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        raise TimeoutError(
+            f"download from s3://{bucket}/{prefix} did not finish in {opts.transfer_timeout:.0f}s"
+        ) from exc
+    except botocore.exceptions.ClientError as exc:
         _abort(manager, futures)
-        raise errors.RemoteError(f"download of step {step} failed: {exc}") from exc
+        if _is_not_found(exc):
+            raise MissingObjectError(f"s3://{bucket}/{prefix}: a listed object is missing") from exc
+        if is_transient(exc):
+            raise
+        raise errors.RemoteError(f"download from s3://{bucket}/{prefix} failed: {exc}") from exc
+    except BaseException:
+        _abort(manager, futures)
+        raise
     manager.shutdown()
-    return received
+    return sum(target.stat().st_size for _, target in targets)
+
+
+def check_prefix_owner(client: S3Client, opts: options.S3Options, *, job_uid: str) -> None:
+    """Refuse to upload under a prefix another job owns (`cairn.api.s3owner`).
+
+    Raises ConfigurationError when `<prefix>/.cairn/owner.json` names another
+    job or cannot be read: every save would land among that job's
+    checkpoints, and a restart cannot fix it. An absent owner object is fine
+    (the operator claims the prefix for this job); an unreachable store is
+    logged and left to the operator's claim, so an outage never stops a start.
+    """
+    base = f"{opts.prefix}/" if opts.prefix else ""
+    key = f"{base}{s3owner.OWNER_KEY}"
+    try:
+        body = retrying(lambda: get_bytes_or_none(client, opts.bucket, key), what=f"reading {key}")
+    except errors.RemoteError as exc:
+        log.warning("could not read the prefix owner s3://%s/%s: %s", opts.bucket, key, exc)
+        return
+    if body is None:
+        return
+    owner = s3owner.parse_owner(body)
+    if isinstance(owner, s3owner.Unreadable):
+        raise errors.ConfigurationError(
+            f"checkpoint.upload.uri {opts.uri}: its owner object {key} cannot be read "
+            f"({owner.why}); choose another prefix"
+        )
+    if owner.uid != job_uid:
+        raise errors.ConfigurationError(
+            f"checkpoint.upload.uri {opts.uri} belongs to TrainingJob {owner.describe()}; "
+            "a job never writes under another job's prefix: choose another upload.uri "
+            "(resume.uri may still read from it)"
+        )

@@ -9,17 +9,29 @@ restore into a different world size skips them (and reports it).
 
 RNG states are stored as tensors, not pickles, so that DCP loads them in
 place and `torch.load(weights_only=True)` semantics hold.
+
+Device moves: a checkpoint saved on CPU has no CUDA generator state and one
+saved on GPU has it. An object lists such keys in `cairn_optional_keys`;
+restore drops them from the load template when the checkpoint lacks them
+(`drop_absent_optional`), so a CPU checkpoint loads on a GPU (the CUDA
+generator keeps its seed, reported in the log) and a GPU checkpoint loads on
+CPU (its CUDA state is not requested, so it is ignored).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import random
 import typing
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint import filesystem
 from torch.distributed.checkpoint import state_dict as dcp_state_dict
+
+log = logging.getLogger(__name__)
 
 
 @typing.runtime_checkable
@@ -31,6 +43,35 @@ class Stateful(typing.Protocol):
 
 def is_per_rank(obj: object) -> bool:
     return bool(getattr(obj, "cairn_per_rank", False))
+
+
+def optional_keys(obj: object) -> tuple[str, ...]:
+    """Top-level state keys the object can do without (device-specific state)."""
+    return tuple(getattr(obj, "cairn_optional_keys", ()))
+
+
+def checkpoint_keys(folder: str | os.PathLike[str]) -> set[str]:
+    """The flattened state keys a DCP checkpoint folder holds (`name.key...`)."""
+    meta = filesystem.FileSystemReader(folder).read_metadata()
+    return set(meta.state_dict_metadata)
+
+
+def drop_absent_optional(
+    template: dict[str, typing.Any], *, key: str, obj: object, present: set[str]
+) -> list[str]:
+    """Remove the object's optional keys the checkpoint lacks from its load
+    template (DCP refuses a requested key that is absent); returns them."""
+    inner = template.get(key)
+    if not isinstance(inner, dict):
+        return []
+    dropped = [
+        name for name in optional_keys(obj) if name in inner and f"{key}.{name}" not in present
+    ]
+    for name in dropped:
+        del inner[name]
+    if dropped:
+        log.info("%s: the checkpoint has no %s (saved on another device); kept as is", key, dropped)
+    return dropped
 
 
 class ModelOptimizerState:
@@ -68,6 +109,8 @@ class RNGState:
     """torch, CUDA (when present), numpy and Python `random` generator states."""
 
     cairn_per_rank = True
+    cairn_optional_keys = ("cuda",)
+    """Saved on a GPU only: a CPU checkpoint loads on a GPU and vice versa."""
 
     def state_dict(self) -> dict[str, typing.Any]:
         np_state = np.random.get_state(legacy=True)
@@ -91,9 +134,9 @@ class RNGState:
         return state
 
     def load_state_dict(self, state_dict: dict[str, typing.Any]) -> None:
-        torch.set_rng_state(state_dict["torch"])
+        torch.set_rng_state(_cpu_bytes(state_dict["torch"]))
         if "cuda" in state_dict and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state_dict["cuda"])
+            torch.cuda.set_rng_state(_cpu_bytes(state_dict["cuda"]))
         meta = state_dict["numpy_meta"].tolist()
         np.random.set_state(
             (
@@ -107,6 +150,11 @@ class RNGState:
         py_meta = state_dict["python_meta"].tolist()
         gauss = float(state_dict["python_gauss"].item()) if py_meta[1] else None
         random.setstate((int(py_meta[0]), tuple(state_dict["python"].tolist()), gauss))
+
+
+def _cpu_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """Generator states are CPU uint8 tensors; a load may hand them elsewhere."""
+    return tensor.detach().to(device="cpu", dtype=torch.uint8).contiguous()
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

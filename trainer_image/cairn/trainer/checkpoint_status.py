@@ -10,7 +10,7 @@ import dataclasses
 import datetime
 
 from cairn.api import jobstatus, manifest
-from cairn.checkpoint import events
+from cairn.checkpoint import events, upload_backlog
 
 HISTORY_LIMIT = jobstatus.HISTORY_LIMIT
 
@@ -48,10 +48,13 @@ def continued(previous: jobstatus.CheckpointsStatus | None, *, upload_uri: str |
 
 def resumed(tracker: Tracker, resumed_from: jobstatus.ResumedFrom) -> Tracker:
     """Pure: the attempt restored `resumed_from`; that step is a committed
-    checkpoint even if the previous attempt died before reporting it."""
+    checkpoint even if the previous attempt died before reporting it. An
+    imported checkpoint is not one of this job's: it gets no history record."""
     status = tracker.status
     update: dict[str, object] = {"resumed_from": resumed_from}
-    if not any(r.step == resumed_from.step for r in status.history or []):
+    if not resumed_from.imported and not any(
+        r.step == resumed_from.step for r in status.history or []
+    ):
         state: jobstatus.CheckpointState = (
             "uploaded" if resumed_from.source == "remote" else "committed"
         )
@@ -116,6 +119,55 @@ def _blocked(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.dat
     )
 
 
+def _upload_failed(
+    tracker: Tracker, event: events.ProgressEvent, *, now: datetime.datetime
+) -> Tracker:
+    """A failed upload round: the error and the backlog; the step's flight is
+    over (it is committed and waits in the backlog)."""
+    status = tracker.status
+    backlog, error = upload_backlog.parse_failure_message(event.message)
+    previous = status.upload_error
+    upload_error = jobstatus.UploadError(
+        message=error[:1024],
+        time=now,
+        step=event.step,
+        backlog=sorted(backlog)[-64:] or None,
+        retention=previous.retention if previous else None,
+    )
+    return dataclasses.replace(
+        tracker,
+        status=status.model_copy(
+            update={
+                "upload_error": upload_error,
+                "in_flight": _without_in_flight(status, event.step),
+            }
+        ),
+        ended=_ended(tracker, event.step),
+    )
+
+
+def _backlog_without(
+    error: jobstatus.UploadError | None, step: int
+) -> jobstatus.UploadError | None:
+    """The upload error once `step` made it: cleared when nothing is left."""
+    if error is None:
+        return None
+    left = [s for s in error.backlog or [] if s != step]
+    if not left:
+        return None
+    return error.model_copy(update={"backlog": left})
+
+
+def _retention_note(tracker: Tracker, message: str) -> Tracker:
+    """Rotation's report that the backlog exceeds local retention (or not)."""
+    status = tracker.status
+    error = status.upload_error
+    if error is None or error.retention == (message or None):
+        return tracker
+    updated = error.model_copy(update={"retention": message[:1024] or None})
+    return dataclasses.replace(tracker, status=status.model_copy(update={"upload_error": updated}))
+
+
 def apply(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.datetime) -> Tracker:
     """Pure: the tracker after `event` (rank 0's events; others are ignored)."""
     if event.rank != 0:
@@ -153,6 +205,10 @@ def apply(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.dateti
             )
         update["in_flight"] = _advanced(tracker, step, "uploading", now=now)
         return dataclasses.replace(tracker, status=status.model_copy(update=update))
+    if event.phase == "upload_failed":
+        return _upload_failed(tracker, event, now=now)
+    if event.phase == "rotated":
+        return _retention_note(tracker, event.message)
     if event.phase == "uploaded":
         uri = (
             f"{tracker.upload_uri.rstrip('/')}/{manifest.step_dir_name(step)}/"
@@ -165,13 +221,16 @@ def apply(tracker: Tracker, event: events.ProgressEvent, *, now: datetime.dateti
         record = jobstatus.CheckpointRecord(
             step=step, state="uploaded", time=now, bytes=event.bytes or None, uri=uri
         )
+        newer = status.last_uploaded is None or status.last_uploaded.step <= step
         return dataclasses.replace(
             tracker,
             status=status.model_copy(
                 update={
-                    "last_uploaded": uploaded,
+                    # A backlog step uploaded late is older than the last one.
+                    "last_uploaded": uploaded if newer else status.last_uploaded,
                     "history": _record(status.history, record),
                     "in_flight": _without_in_flight(status, step),
+                    "upload_error": _backlog_without(status.upload_error, step),
                 }
             ),
             ended=_ended(tracker, step),

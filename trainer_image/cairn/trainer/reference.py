@@ -8,13 +8,18 @@ schedule, the deterministic corpus and stateful sampler (`data`), and the
 SIGTERM it checkpoints at the next step boundary and exits with
 `PREEMPTED_EXIT_CODE`. After the last step it writes a final checkpoint and a
 weights-only bf16 safetensors export. Rank 0 reports step and checkpoint
-facts to the job's status when the pod contract asks for it.
+facts to the job's status when the pod contract asks for it. It resumes
+from what the pod contract names (latest, a step, or `resume.uri`: a Cairn
+step folder or a plain DCP checkpoint, imported); a target that cannot be
+loaded exits `exitcodes.CONFIG_ERROR` (78) with the reason in the
+termination message (`cairn.trainer.termination`), never a fresh start.
 
 CPU runs are deterministic: the same command killed anywhere and resumed
 produces the same per-step losses, bit for bit (`--losses-file` records them).
 """
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -32,8 +37,15 @@ from torch.distributed.checkpoint import state_dict as dcp_state_dict
 from torch.distributed.fsdp import fully_shard
 
 from cairn.api import jobstatus
-from cairn.checkpoint import events, manager, state
-from cairn.trainer import checkpoint_status, data, model, runtime_config, status_reporter
+from cairn.checkpoint import errors, events, fence, manager, state
+from cairn.trainer import (
+    checkpoint_status,
+    data,
+    model,
+    runtime_config,
+    status_reporter,
+    termination,
+)
 
 log = logging.getLogger("cairn.trainer")
 PREEMPTED_EXIT_CODE = 143
@@ -90,11 +102,20 @@ class StatusFeed:
         self.tracker = checkpoint_status.Tracker(upload_uri=s3.uri if s3 else None)
         self.step: int | None = None  # unknown until restored or stepped
         self.reporter: status_reporter.StatusReporter | None = None
+        self.fence: fence.Fence | None = None
+        """Rank 0's authoritative fence: the job's UID and attempt from the API server."""
         if cfg.report_status and cfg.job_name and cfg.namespace:
             from kubernetes import client, config
 
             config.load_incluster_config()
             api_client = client.ApiClient()
+            if cfg.checkpoint.job_uid:
+                self.fence = fence.ApiFence(
+                    get_job=status_reporter.job_reader(
+                        api_client=api_client, namespace=cfg.namespace, name=cfg.job_name
+                    ),
+                    job_uid=cfg.checkpoint.job_uid,
+                )
             previous = status_reporter.read_checkpoints(
                 api_client=api_client, namespace=cfg.namespace, name=cfg.job_name
             )
@@ -102,7 +123,8 @@ class StatusFeed:
             self.reporter = status_reporter.StatusReporter(
                 patch=status_reporter.kubernetes_patcher(
                     api_client=api_client, namespace=cfg.namespace, name=cfg.job_name
-                )
+                ),
+                status_interval_seconds=cfg.status_interval_seconds,
             )
 
     def _now(self) -> datetime.datetime:
@@ -152,10 +174,61 @@ def _export(model_: torch.nn.Module, path: pathlib.Path, *, rank: int) -> None:
         os.replace(tmp, path)
 
 
+def _resume(
+    ckpt: manager.CheckpointManager,
+    objects: dict[str, Any],
+    *,
+    cfg: runtime_config.RuntimeConfig,
+    feed: StatusFeed | None,
+) -> None:
+    """Restore what the pod contract asks for; an explicit target that cannot be
+    loaded raises ConfigurationError (never a silent fresh start)."""
+    if cfg.resume.kind == "none":
+        return
+    result = ckpt.restore(
+        objects, step=cfg.resume.step, uri=cfg.resume.uri, key_map=cfg.import_keys
+    )
+    if result is None:
+        log.info("nothing to resume from: starting fresh")
+        return
+    log.info(
+        "resumed from step %d (%s%s)",
+        result.step,
+        result.source,
+        f", imported from {result.uri or 'a foreign folder'}" if result.imported else "",
+    )
+    if feed:
+        feed.on_resume(
+            jobstatus.ResumedFrom(
+                step=result.step,
+                attempt=cfg.attempt or None,
+                source="remote" if result.source == "s3" else "local",
+                uri=result.uri,
+                fell_back_from=max((s for s, _ in result.skipped), default=None),
+                imported=result.imported or None,
+            )
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Train; a deterministic start-up failure exits `exitcodes.CONFIG_ERROR` with
+    the reason in the termination message (`cairn.trainer.termination`)."""
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    cfg = runtime_config.from_env(default_dir=args.checkpoint_dir)
+    try:
+        cfg = runtime_config.from_env(default_dir=args.checkpoint_dir)
+    except (ValueError, errors.ConfigurationError) as exc:
+        return termination.config_error(exc)
+    try:
+        return _train(args, cfg)
+    except errors.ConfigurationError as exc:
+        code = termination.config_error(exc)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return code
+
+
+def _train(args: argparse.Namespace, cfg: runtime_config.RuntimeConfig) -> int:
     rank, world, device = _init_distributed()
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
@@ -186,27 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     callbacks = [feed.on_event] if feed else []
     losses = args.losses_file.open("a") if args.losses_file and rank == 0 else None
     exit_code = 0
-    with manager.CheckpointManager(cfg.checkpoint, callbacks=callbacks) as ckpt:
+    ckpt_opts = cfg.checkpoint
+    if feed is not None and feed.fence is not None:
+        ckpt_opts = dataclasses.replace(ckpt_opts, fence=feed.fence)
+    with manager.CheckpointManager(ckpt_opts, callbacks=callbacks) as ckpt:
         ckpt.install_sigterm_handler()
         # -- restore
-        if cfg.resume.kind != "none":
-            if cfg.resume.kind == "uri":
-                raise SystemExit(
-                    "resume from a URI: set checkpoint.upload.uri to its prefix and resume.step"
-                )
-            result = ckpt.restore(objects, step=cfg.resume.step)
-            if result is not None:
-                log.info("resumed from step %d (%s)", result.step, result.source)
-                if feed:
-                    fell_back = max((s for s, _ in result.skipped), default=None)
-                    feed.on_resume(
-                        jobstatus.ResumedFrom(
-                            step=result.step,
-                            attempt=cfg.attempt or None,
-                            source="remote" if result.source == "s3" else "local",
-                            fell_back_from=fell_back,
-                        )
-                    )
+        _resume(ckpt, objects, cfg=cfg, feed=feed)
         if feed:
             feed.on_step(train.step)
         # -- step

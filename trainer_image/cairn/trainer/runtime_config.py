@@ -11,10 +11,11 @@ drift.
 import dataclasses
 import os
 import pathlib
+import typing
 from collections.abc import Mapping
 
-from cairn.api import podenv
-from cairn.checkpoint import options
+from cairn.api import checkpointspec, podenv
+from cairn.checkpoint import foreign, options
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -27,6 +28,11 @@ class RuntimeConfig:
     resume: podenv.ResumeTarget
     report_status: bool
     final_checkpoint_grace_seconds: float | None
+    status_interval_seconds: float = 30.0
+    """Least time between two step-only status reports (`CAIRN_STATUS_INTERVAL_SECONDS`)."""
+    import_keys: foreign.KeyMap | None = None
+    """User mapping for imports of foreign checkpoints (`CAIRN_IMPORT_KEYS`,
+    JSON; docs/checkpointing.md); None: the documented rule decides."""
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int | None:
@@ -49,6 +55,19 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
         raise ValueError(f"{name}={raw!r}: expected a number") from None
 
 
+_T = typing.TypeVar("_T", bound=str)
+
+
+def _choice(env: Mapping[str, str], name: str, choices: typing.Any, default: _T) -> _T:
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    allowed = typing.get_args(choices)
+    if raw not in allowed:
+        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(allowed)}")
+    return typing.cast(_T, raw)
+
+
 def from_env(
     environ: Mapping[str, str] | None = None, *, default_dir: pathlib.Path | None = None
 ) -> RuntimeConfig:
@@ -65,6 +84,7 @@ def from_env(
     attempt = _int(env, podenv.ATTEMPT, 0) or 0
     directory = env.get(podenv.CHECKPOINT_DIR) or str(default_dir or pathlib.Path("checkpoints"))
     keep_last = _int(env, podenv.KEEP_LAST, 3)
+    grace = _float(env, podenv.FINAL_CHECKPOINT_GRACE_SECONDS)
     checkpoint = options.CheckpointOptions(
         directory=pathlib.Path(directory),
         interval_steps=_int(env, podenv.CHECKPOINT_INTERVAL_STEPS),
@@ -72,7 +92,13 @@ def from_env(
         keep_last=3 if keep_last is None else keep_last,
         max_bytes=_int(env, podenv.MAX_BYTES),
         attempt=attempt,
+        job_uid=env.get(podenv.JOB_UID) or None,
         s3=s3,
+        async_mode=_choice(env, podenv.ASYNC_MODE, checkpointspec.AsyncMode, "pinned"),
+        upload_on_failure=_choice(
+            env, podenv.UPLOAD_ON_FAILURE, checkpointspec.UploadOnFailure, "Continue"
+        ),
+        final_grace_seconds=grace,
     )
     return RuntimeConfig(
         job_name=env.get(podenv.JOB_NAME) or None,
@@ -82,5 +108,11 @@ def from_env(
         checkpoint=checkpoint,
         resume=podenv.parse_resume(env.get(podenv.RESUME_FROM) or "latest"),
         report_status=env.get(podenv.REPORT_STATUS) == "1",
-        final_checkpoint_grace_seconds=_float(env, podenv.FINAL_CHECKPOINT_GRACE_SECONDS),
+        final_checkpoint_grace_seconds=grace,
+        status_interval_seconds=_float(env, podenv.STATUS_INTERVAL_SECONDS) or 30.0,
+        import_keys=(
+            foreign.parse_key_map(env[foreign.KEY_MAP_ENV])
+            if env.get(foreign.KEY_MAP_ENV)
+            else None
+        ),
     )

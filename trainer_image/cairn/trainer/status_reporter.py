@@ -4,11 +4,17 @@ The writer knows what was committed and uploaded; the operator cannot see the
 volume. So rank 0 patches `status.step` and `status.checkpoints` of its own
 TrainingJob through the status subresource, with its own field manager, and
 nothing else (the operator owns every other status field). Patches are
-throttled: `update()` only records the latest state, and one background
-thread sends at most one patch per `min_interval_seconds`, always the newest
-state, never an intermediate one twice. `close()` flushes the last state, so
-the final commit is never lost. When the API is unreachable the thread keeps
-the newest state and retries with backoff; training never blocks on it.
+budgeted: `update()` only records the latest state, and one background
+thread sends it, always the newest state, never an intermediate one twice.
+The budget (`send_at`, pure): a change of checkpoint facts (a commit, an
+upload, an error) is sent once `min_interval_seconds` passed since the last
+patch (a save's burst of events becomes one patch); a change of only the
+step or the save in flight waits `status_interval_seconds` (the job's
+`checkpoint.statusIntervalSeconds`, 30 s by default: every status write is
+an etcd write fanned out to every watcher); a state equal to the last one
+sent is not sent. `close()` flushes the last state, so the final commit is
+never lost. When the API is unreachable the thread keeps the newest state
+and retries with backoff; training never blocks on it.
 """
 
 import dataclasses
@@ -24,6 +30,9 @@ log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "cairn-writer"
 DEFAULT_MIN_INTERVAL_SECONDS = 2.0
+"""Least time between any two patches: coalesces the events of one save."""
+DEFAULT_STATUS_INTERVAL_SECONDS = 30.0
+"""Least time between two patches that only move the step (or the save in flight)."""
 MAX_BACKOFF_SECONDS = 30.0
 DEFAULT_CLOSE_TIMEOUT_SECONDS = 30.0
 """How long `close()` keeps trying to deliver the final state (one request may take
@@ -68,6 +77,40 @@ def status_body(
             if value is not None or key == ALWAYS_SENT
         }
     return {"status": status}
+
+
+def _facts(body: dict[str, Any] | None) -> Any:
+    """Pure: the checkpoint facts of a body, without the step and the save in flight."""
+    if body is None:
+        return None
+    checkpoints = body["status"].get("checkpoints")
+    if checkpoints is None:
+        return None
+    return {key: value for key, value in checkpoints.items() if key != ALWAYS_SENT}
+
+
+def send_at(
+    *,
+    pending: dict[str, Any],
+    delivered: dict[str, Any] | None,
+    last_sent_at: float,
+    min_interval_seconds: float,
+    status_interval_seconds: float,
+    closing: bool = False,
+) -> float | None:
+    """Pure: the clock time from which `pending` may be sent; None: never (it
+    equals what the server already has from us).
+
+    Every patch carries the newest step, so the step's interval counts from
+    the last patch of any kind. Closing flushes a step-only change too (the
+    final step must arrive), after the short interval.
+    """
+    if pending == delivered:
+        return None
+    floor = last_sent_at + min_interval_seconds
+    if closing or _facts(pending) != _facts(delivered):
+        return floor
+    return max(floor, last_sent_at + status_interval_seconds)
 
 
 def _with_deletions(value: Any) -> Any:
@@ -130,6 +173,32 @@ def read_checkpoints(
         return None
 
 
+def job_reader(
+    *, api_client: Any, namespace: str, name: str
+) -> Callable[[], dict[str, Any] | None]:
+    """A `cairn.checkpoint.fence.GetJob`: GET of the job's /status (the job's
+    Role may `get` it; the answer carries `metadata.uid` and `status.attempt`).
+    Returns None when the job does not exist (404); other errors propagate."""
+    from kubernetes import client
+    from kubernetes.client import exceptions
+
+    custom = client.CustomObjectsApi(api_client)
+    group, version = trainingjob.API_VERSION.split("/")
+
+    def read() -> dict[str, Any] | None:
+        try:
+            job = custom.get_namespaced_custom_object_status(
+                group, version, namespace, trainingjob.PLURAL, name, _request_timeout=10
+            )
+        except exceptions.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(job)
+
+    return read
+
+
 class StatusReporter:
     """Throttled, never-blocking, latest-wins reporter (see module docstring)."""
 
@@ -138,10 +207,13 @@ class StatusReporter:
         *,
         patch: PatchFn,
         min_interval_seconds: float = DEFAULT_MIN_INTERVAL_SECONDS,
+        status_interval_seconds: float = DEFAULT_STATUS_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._patch = patch
         self._interval = min_interval_seconds
+        self._status_interval = status_interval_seconds
+        self._delivered: dict[str, Any] | None = None
         self._clock = clock
         self._lock = threading.Condition()
         self._pending: dict[str, Any] | None = None
@@ -184,7 +256,18 @@ class StatusReporter:
                     self._lock.wait()
                 if self._pending is None:
                     return
-                wait = self._last_sent_at + self._interval - self._clock()
+                due = send_at(
+                    pending=self._pending,
+                    delivered=self._delivered,
+                    last_sent_at=self._last_sent_at,
+                    min_interval_seconds=self._interval,
+                    status_interval_seconds=self._status_interval,
+                    closing=self._closed,
+                )
+                if due is None:  # nothing new for the server: no write
+                    self._pending = None
+                    continue
+                wait = due - self._clock()
                 if wait > 0:
                     # Latest-wins: updates arriving meanwhile replace the pending body.
                     self._lock.wait(wait)
@@ -212,4 +295,5 @@ class StatusReporter:
             backoff = self._interval
             with self._lock:
                 self.stats.patches_sent += 1
+                self._delivered = body
                 self._last_sent_at = self._clock()

@@ -17,6 +17,7 @@ from typing import Any
 
 KUBERNETES_SERVICE_HOST = "10.244.0.1"
 KUBERNETES_SERVICE_PORT = "6443"
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 
 Obj = dict[str, Any]
 
@@ -184,7 +185,11 @@ def plan_container(
     config_maps: Mapping[tuple[str, str], Mapping[str, str]],
     volume_dirs: Mapping[str, str],
     base_env: Mapping[str, str],
+    termination_file: str | None = None,
 ) -> ContainerPlan:
+    """The container's plan. ``termination_file``: a host file mounted at the
+    container's ``terminationMessagePath`` (as the kubelet does), so what the
+    program writes there is its own and the agent can read it back."""
     if not container.get("command"):
         raise SpecError(
             "CreateContainerError",
@@ -213,6 +218,9 @@ def plan_container(
         mounts.append(
             Mount(source=source, target=mount["mountPath"], read_only=bool(mount.get("readOnly")))
         )
+    if termination_file is not None:
+        target = container.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH
+        mounts.append(Mount(source=termination_file, target=target, read_only=False))
     return ContainerPlan(
         name=container["name"],
         argv=argv,

@@ -34,6 +34,9 @@ class Container:
     last_state: Obj = dataclasses.field(default_factory=dict)
     next_start: float = 0.0
     done: bool = False  # terminated and will not restart
+    termination_file: str = ""
+    """Host file bind-mounted at the container's terminationMessagePath."""
+    log_path: str = ""
 
     @property
     def name(self) -> str:
@@ -57,6 +60,25 @@ class Container:
 def exit_code(returncode: int) -> int:
     """Pure: a shell-style exit code; death by signal N reads as 128 + N."""
     return returncode if returncode >= 0 else 128 - returncode
+
+
+TERMINATION_MESSAGE_MAX_BYTES = 4096
+"""The kubelet keeps at most this much of a termination message."""
+FALLBACK_LOG_BYTES = 2048
+FALLBACK_LOG_LINES = 80
+"""FallbackToLogsOnError: the kubelet's tail of the log (80 lines, 2 KiB)."""
+
+
+def termination_message(*, written: bytes, log_tail: bytes, policy: str, exit_code: int) -> str:
+    """Pure: ``state.terminated.message`` as the kubelet derives it: the file the
+    container wrote at its terminationMessagePath (at most 4096 bytes), else,
+    with ``FallbackToLogsOnError`` and a non-zero exit, the tail of its log."""
+    if written.strip():
+        return written[:TERMINATION_MESSAGE_MAX_BYTES].decode(errors="replace")
+    if policy != "FallbackToLogsOnError" or exit_code == 0:
+        return ""
+    lines = log_tail.splitlines(keepends=True)[-FALLBACK_LOG_LINES:]
+    return b"".join(lines)[-FALLBACK_LOG_BYTES:].decode(errors="replace")
 
 
 def phase(containers: list[Container]) -> str:

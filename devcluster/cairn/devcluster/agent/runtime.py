@@ -31,6 +31,8 @@ from cairn.devcluster.agent import hosts, podspec, podstatus, volumes
 log = logging.getLogger("cairn.devcluster.agent")
 Obj = dict[str, Any]
 POLL_SECONDS = 0.2
+SIDECAR_STOP_SECONDS = 5.0
+"""Grace for native sidecars once the app containers finished."""
 MAX_BACKOFF_SECONDS = 300.0
 
 
@@ -147,8 +149,13 @@ class PodWorker:
                         core=self.ctx.core, pod=self.pod, pod_dir=self.dir, pod_ip=self.ip
                     )
                 next_refresh = time.monotonic() + token_refresh
-            pending_init = next((c for c in inits if not c.done), None)
-            if pending_init is not None:
+            for sidecar in inits:
+                if _is_sidecar(sidecar) and _started(sidecar):
+                    self._step(sidecar, policy="Always")
+            pending_init = next((c for c in inits if _blocks_start(c)), None)
+            if pending_init is not None and _is_sidecar(pending_init):
+                self._step(pending_init, policy="Always")
+            elif pending_init is not None:
                 self._step(pending_init, policy="Never" if policy == "Never" else "OnFailure")
                 init_failed = (
                     pending_init.done
@@ -161,6 +168,8 @@ class PodWorker:
             else:
                 for container in mains:
                     self._step(container, policy=policy)
+            if all(c.done for c in mains) and any(not c.done for c in inits):
+                self._stop_sidecars(inits)
             self._report()
             if all(c.done for c in self._containers):
                 self._teardown_network()
@@ -168,6 +177,12 @@ class PodWorker:
                 return
             self._wake.wait(POLL_SECONDS)
             self._wake.clear()
+
+    def _stop_sidecars(self, inits: list[podstatus.Container]) -> None:
+        """The app containers are done: stop the native sidecars, as the kubelet does."""
+        self._terminate(grace=min(self._grace(), SIDECAR_STOP_SECONDS))
+        for container in inits:
+            container.done = True
 
     def _grace(self) -> float:
         meta = self.pod["metadata"]
@@ -253,6 +268,11 @@ class PodWorker:
             namespace=self.namespace,
             containers=[c.spec for c in self._containers],
         )
+        termination = self.dir / "termination" / f"{container.name}-{container.restart_count}"
+        termination.parent.mkdir(parents=True, exist_ok=True)
+        termination.write_bytes(b"")
+        termination.chmod(0o666)  # writable whatever user the program runs as
+        container.termination_file = str(termination)
         try:
             plan = podspec.plan_container(
                 pod=self.pod,
@@ -264,6 +284,7 @@ class PodWorker:
                 config_maps=config_maps,
                 volume_dirs=self._volume_dirs,
                 base_env=self._base_env(self.address.hostname),
+                termination_file=str(termination),
             )
         except podspec.SpecError as exc:
             container.state = {"waiting": {"reason": exc.reason, "message": str(exc)}}
@@ -274,6 +295,7 @@ class PodWorker:
         log_dir = self.dir / "logs" / container.name
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{container.restart_count}.log"
+        container.log_path = str(log_path)
         argv = [
             "ip",
             "netns",
@@ -327,6 +349,9 @@ class PodWorker:
         }
         if code < 0:
             terminated["signal"] = -code
+        message = _termination_message(container, exit_code=exit_code)
+        if message:
+            terminated["message"] = message
         container.process = None
         restart = policy == "Always" or (policy == "OnFailure" and exit_code != 0)
         if container.init and exit_code == 0:
@@ -392,13 +417,15 @@ class PodWorker:
             if container.process is not None:
                 code = container.process.poll()
                 exit_code = 137 if code is None else podstatus.exit_code(code)
-                container.state = {
-                    "terminated": {
-                        "exitCode": exit_code,
-                        "reason": "Error" if exit_code else "Completed",
-                        "finishedAt": podstatus.now(),
-                    }
+                terminated = {
+                    "exitCode": exit_code,
+                    "reason": "Error" if exit_code else "Completed",
+                    "finishedAt": podstatus.now(),
                 }
+                message = _termination_message(container, exit_code=exit_code)
+                if message:
+                    terminated["message"] = message
+                container.state = {"terminated": terminated}
                 container.process = None
                 container.done = True
 
@@ -438,6 +465,47 @@ class PodWorker:
             self.ctx.release_index(index)
             self.address = None
             self.ctx.hosts_changed()
+
+
+def _is_sidecar(container: podstatus.Container) -> bool:
+    """A native sidecar: an init container with restartPolicy Always (1.29+)."""
+    return container.init and container.spec.get("restartPolicy") == "Always"
+
+
+def _started(container: podstatus.Container) -> bool:
+    return container.process is not None or container.restart_count > 0
+
+
+def _blocks_start(container: podstatus.Container) -> bool:
+    """Whether this init container still holds back the ones after it: a
+    regular one until it finished, a sidecar until it started."""
+    if _is_sidecar(container):
+        return not container.done and not _started(container)
+    return not container.done
+
+
+def _tail(path: str, limit: int) -> bytes:
+    with contextlib.suppress(OSError), open(path, "rb") as log_file:
+        log_file.seek(0, os.SEEK_END)
+        log_file.seek(max(log_file.tell() - limit, 0))
+        return log_file.read()
+    return b""
+
+
+def _termination_message(container: podstatus.Container, *, exit_code: int) -> str:
+    """What the container left at its terminationMessagePath (or its log tail)."""
+    written = b""
+    if container.termination_file:
+        with contextlib.suppress(OSError), open(container.termination_file, "rb") as message:
+            written = message.read(podstatus.TERMINATION_MESSAGE_MAX_BYTES)
+    return podstatus.termination_message(
+        written=written,
+        log_tail=_tail(container.log_path, 4 * podstatus.FALLBACK_LOG_BYTES)
+        if container.log_path
+        else b"",
+        policy=str(container.spec.get("terminationMessagePolicy") or "File"),
+        exit_code=exit_code,
+    )
 
 
 def _signal(container: podstatus.Container, sig: signal.Signals) -> None:

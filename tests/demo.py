@@ -1,7 +1,12 @@
-"""The quickstart demo on the devcluster, and the same steps for the e2e test.
+"""The quickstart demo on the devcluster, and the same steps for the tests.
 
-`python -m cairn.devcluster.demo` (the README's first command runs it): brings
-the devcluster up, installs the CRD, starts the operator as a tracked local
+Cairn-specific, so it lives with the tests, not in the devcluster (which
+imports nothing of Cairn): the fixtures in ``tests/conftest.py``, the e2e
+tests and ``bench/operator_scale.py`` use its helpers (install the CRD and
+the status policy, start and stop the one operator process, run a job).
+
+`python -m tests.demo`, from the repository root (the README's first
+command, `scripts/demo`, runs it): brings the devcluster up, installs the CRD, starts the operator as a tracked local
 process, creates the S3 bucket and the credentials Secret, applies
 `examples/quickstart.yaml`, and prints a `kubectl get tj` row every time the
 job's state changes — through commits and uploads, a rank deliberately killed
@@ -27,11 +32,16 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from cairn.api import checkpointspec
+from cairn.api import manifest as manifest_mod
 from cairn.devcluster import build, cluster, errors, processes
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
+REPO = pathlib.Path(__file__).resolve().parents[1]
 CRD_PATH = REPO / "crds" / "cairn.dev_trainingjobs.yaml"
+STATUS_POLICY_PATH = REPO / "crds" / "cairn.dev_status-policy.yaml"
+"""The ValidatingAdmissionPolicy + binding that confine the trainer's status
+writes; installed with the CRD, as the chart does."""
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
+RESTRICTED_NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "restricted"}
 NAMESPACE = "cairn-demo"
 GROUP, VERSION, PLURAL = "cairn.dev", "v1alpha1", "trainingjobs"
 OPERATOR = "operator"
@@ -95,6 +105,7 @@ def install_crd(api_client: client.ApiClient) -> None:
         if exc.status != 404:
             raise
         ext.create_custom_resource_definition(body)
+    install_status_policy(api_client)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         got = ext.read_custom_resource_definition(name)
@@ -102,6 +113,33 @@ def install_crd(api_client: client.ApiClient) -> None:
             return
         time.sleep(0.5)
     raise errors.DevclusterError(f"CRD {name} not established within 60 s")
+
+
+def install_status_policy(api_client: client.ApiClient) -> None:
+    """Create or replace the status policy and its binding (crds/, generated)."""
+    admission = client.AdmissionregistrationV1Api(api_client)
+    for body in yaml.safe_load_all(STATUS_POLICY_PATH.read_text()):
+        kind, name = body["kind"], body["metadata"]["name"]
+        if kind == "ValidatingAdmissionPolicy":
+            read, create, replace = (
+                admission.read_validating_admission_policy,
+                admission.create_validating_admission_policy,
+                admission.replace_validating_admission_policy,
+            )
+        else:
+            read, create, replace = (
+                admission.read_validating_admission_policy_binding,
+                admission.create_validating_admission_policy_binding,
+                admission.replace_validating_admission_policy_binding,
+            )
+        try:
+            body["metadata"]["resourceVersion"] = read(name).metadata.resource_version
+            replace(name, body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body["metadata"].pop("resourceVersion", None)
+            create(body)
 
 
 def operator_running(target: cluster.Cluster) -> bool:
@@ -116,6 +154,9 @@ def start_operator(target: cluster.Cluster) -> None:
     env = dict(os.environ)
     env["KUBECONFIG"] = str(target.state.admin_kubeconfig)
     env["TMPDIR"] = str(target.state.tmp)
+    # As a production install would: the operator may call only the cluster's
+    # own S3 (chart value s3.endpointAllowList), never its own identity.
+    env["CAIRN_S3_ENDPOINT_ALLOWLIST"] = f"{target.s3_endpoint},{target.s3_pod_endpoint}"
     argv = [sys.executable, "-m", "cairn.operator", "--all-namespaces"]
     processes.spawn(
         name=OPERATOR,
@@ -133,13 +174,16 @@ def stop_operator(target: cluster.Cluster) -> None:
 def prepare_namespace(
     *, api_client: client.ApiClient, target: cluster.Cluster, namespace: str, bucket: str
 ) -> None:
-    """Namespace, the S3 bucket, and the credentials Secret the job refers to."""
+    """Namespace (enforcing the restricted Pod Security Standard, which Cairn's
+    pods meet), the S3 bucket, and the credentials Secret the job refers to."""
     core = client.CoreV1Api(api_client)
+    meta = client.V1ObjectMeta(name=namespace, labels=dict(RESTRICTED_NAMESPACE_LABELS))
     try:
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+        core.create_namespace(client.V1Namespace(metadata=meta))
     except ApiException as exc:
         if exc.status != 409:
             raise
+        core.patch_namespace(namespace, {"metadata": {"labels": RESTRICTED_NAMESPACE_LABELS}})
     creds = target.s3_credentials()
     s3 = target.s3_client()
     existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
@@ -312,19 +356,24 @@ def clear_prefix(target: cluster.Cluster, *, bucket: str, prefix: str) -> int:
 
 
 def s3_listing(target: cluster.Cluster, *, bucket: str, prefix: str) -> dict[str, list[str]]:
-    """Step folder → object names under s3://bucket/prefix."""
+    """Step folder → object names (relative to the folder) under s3://bucket/prefix.
+
+    Only `step-<N>` folders: the prefix's `.cairn/` (owner claim, moved-aside
+    manifests) is bookkeeping, not a checkpoint step.
+    """
     s3 = target.s3_client()
     out: dict[str, list[str]] = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             rel = item["Key"][len(prefix) :].lstrip("/")
             folder, _, rest = rel.partition("/")
-            out.setdefault(folder, []).append(rest)
+            if manifest_mod.parse_step_dir_name(folder) is not None:
+                out.setdefault(folder, []).append(rest)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="cairn.devcluster.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__)
     parser.add_argument("--name", default="quickstart")
     parser.add_argument("--no-kill", action="store_true", help="do not kill a rank")
     args = parser.parse_args(argv)

@@ -1,0 +1,80 @@
+"""End to end: an unloadable resume target fails the job at once, with the reason.
+
+The real operator, real pods (the node agent runs them as local processes),
+the reference trainer and the real S3 server: a TrainingJob whose
+`spec.checkpoint.resume.uri` points at objects that are no checkpoint (no
+Cairn manifest, no DCP `.metadata`) ends Failed with reason
+ConfigurationError and the trainer's own reason in `status.lastFailure` and
+the Failed condition; no restart is spent on it and nothing is checkpointed.
+Prints `E2E-NUMBERS` (create -> Failed seconds) for the closing report.
+"""
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests import demo
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(600)]
+
+
+@pytest.fixture
+def space(devcluster: Any, operator: Any) -> Iterator[tuple[str, str]]:
+    """A fresh namespace and S3 bucket (with the credentials Secret); the namespace is deleted."""
+    namespace = f"e2e-{uuid.uuid4().hex[:8]}"
+    bucket = f"e2e-{uuid.uuid4().hex[:10]}"
+    demo.prepare_namespace(
+        api_client=devcluster.api_client,
+        target=devcluster.target,
+        namespace=namespace,
+        bucket=bucket,
+    )
+    yield namespace, bucket
+    try:
+        client.CoreV1Api(devcluster.api_client).delete_namespace(namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def test_garbage_resume_uri_fails_the_job_at_once_with_the_reason_in_status(
+    devcluster: Any, space: tuple[str, str]
+) -> None:
+    namespace, bucket = space
+    s3 = devcluster.target.s3_client()
+    s3.put_object(Bucket=bucket, Key="garbage/readme.txt", Body=b"not a checkpoint")
+    body = demo.quickstart_manifest(devcluster.target, name="badimport")
+    ckpt = body["spec"]["checkpoint"]
+    ckpt["upload"]["uri"] = f"s3://{bucket}/badimport"
+    ckpt["resume"] = {"uri": f"s3://{bucket}/garbage"}
+    body["spec"]["restartPolicy"] = {"maxRestarts": 3, "backoffSeconds": 1}
+    started = time.monotonic()
+    rows: list[demo.Row] = []
+    job = demo.run_job(
+        api_client=devcluster.api_client,
+        namespace=namespace,
+        body=body,
+        kill_rank_after_commit=None,
+        on_row=rows.append,
+        timeout=300,
+    )
+    seconds = time.monotonic() - started
+    print(f"E2E-NUMBERS {json.dumps({'create_to_failed_seconds': round(seconds, 1)})}")
+    status = job["status"]
+    assert status["phase"] == "Failed", status
+    failure = status["lastFailure"]
+    assert failure["reason"] == "ConfigurationError"
+    assert failure["exitCode"] == 78
+    assert failure["counted"] is False
+    assert "neither a Cairn manifest.json nor a DCP .metadata" in failure["message"]
+    assert status.get("restarts", 0) == 0
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "ConfigurationError"
+    assert "neither a Cairn manifest.json" in failed["message"]
+    assert not (status.get("checkpoints") or {}).get("lastCommitted")

@@ -1,0 +1,237 @@
+"""The pure rules of restore and import, table-tested.
+
+Covers: all ranks' reports fold into the strongest verdict (transport beats
+corruption beats unreadable...); only a size/CRC mismatch counts as proven
+corruption; which S3 failures are transient (5xx, SlowDown, resets,
+timeouts) and which are not (404, 403); bounded retry rounds turn a lasting
+transient failure into TransportError and let other errors through at once;
+the import key rule (TorchTitan, `{"model": sd}`, bare names, a user map)
+and its refusals; the data prefix of a step; the termination message is
+clipped to 4096 bytes on a character boundary and its path can be overridden.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import typing
+
+import botocore.exceptions
+import pytest
+import s3transfer.exceptions
+
+from cairn.api import exitcodes
+from cairn.api import manifest as manifest_mod
+from cairn.checkpoint import errors, foreign, layout, remote
+from cairn.checkpoint import verdict as verdict_mod
+from cairn.trainer import termination
+
+
+def report(status: verdict_mod.Status, rank: int = 0) -> verdict_mod.Report:
+    return verdict_mod.Report(status=status, detail=f"{status} here", rank=rank)
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        (["ok", "ok"], "ok"),
+        (["ok", "unreadable"], "unreadable"),
+        (["corrupt", "unreadable"], "corrupt"),
+        (["incomplete", "ok"], "incomplete"),
+        (["corrupt", "transport"], "transport"),
+        (["refused", "corrupt"], "refused"),
+        (["foreign", "foreign"], "foreign"),
+    ],
+)
+def test_the_strongest_report_decides(
+    statuses: list[verdict_mod.Status], expected: verdict_mod.Status
+) -> None:
+    found = verdict_mod.judge([report(s, rank=r) for r, s in enumerate(statuses)])
+    assert found.status == expected
+    for rank, status in enumerate(statuses):
+        assert (f"rank {rank}: {status} here" in found.reason) == (status != "ok")
+
+
+def test_no_reports_is_not_ok() -> None:
+    assert verdict_mod.judge([]).status != "ok"
+
+
+@pytest.mark.parametrize(
+    ("reasons", "expected"),
+    [
+        ([], "ok"),
+        (["size 3 != manifest 4"], "corrupt"),
+        (["crc32c 00000000 != manifest 11111111"], "corrupt"),
+        (["missing", "crc32c 0 != manifest 1"], "corrupt"),
+        (["missing", "missing"], "incomplete"),
+        (["'../x' resolves outside /ckpt"], "unreadable"),
+    ],
+)
+def test_only_a_size_or_crc_mismatch_is_proven_corruption(
+    reasons: list[str], expected: verdict_mod.Status
+) -> None:
+    problems = [layout.Problem(path=f"f{i}", reason=r) for i, r in enumerate(reasons)]
+    assert verdict_mod.status_of_problems(problems) == expected
+
+
+def client_error(status: int, code: str) -> botocore.exceptions.ClientError:
+    response: typing.Any = {
+        "Error": {"Code": code, "Message": "x"},
+        "ResponseMetadata": {"HTTPStatusCode": status},
+    }
+    return botocore.exceptions.ClientError(response, "GetObject")
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (client_error(503, "SlowDown"), True),
+        (client_error(500, "InternalError"), True),
+        (client_error(400, "RequestTimeout"), True),
+        (client_error(404, "NoSuchKey"), False),
+        (client_error(403, "AccessDenied"), False),
+        (botocore.exceptions.EndpointConnectionError(endpoint_url="http://x"), True),
+        (botocore.exceptions.ConnectionClosedError(endpoint_url="http://x"), True),
+        (botocore.exceptions.ReadTimeoutError(endpoint_url="http://x"), True),
+        (botocore.exceptions.ResponseStreamingError(error="reset"), True),
+        (s3transfer.exceptions.RetriesExceededError(last_exception=OSError("reset")), True),
+        (TimeoutError(), True),
+        (ValueError("bad manifest"), False),
+        (errors.CheckpointError("corrupt"), False),
+    ],
+)
+def test_which_failures_are_transient(exc: BaseException, transient: bool) -> None:
+    assert remote.is_transient(exc) is transient
+
+
+def test_a_wrapped_transient_failure_is_transient() -> None:
+    outer = errors.RemoteError("download failed")
+    outer.__cause__ = client_error(502, "BadGateway")
+    assert remote.is_transient(outer)
+
+
+class Flaky:
+    """Fails with `exc` for the first `failures` calls, then returns 'done'."""
+
+    def __init__(self, failures: int, exc: BaseException) -> None:
+        self.failures = failures
+        self.exc = exc
+        self.calls = 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.exc
+        return "done"
+
+
+def test_transient_failures_are_retried_in_bounded_rounds() -> None:
+    slept: list[float] = []
+    fetch = Flaky(2, client_error(503, "SlowDown"))
+    backoff = remote.Backoff(rounds=3, first_seconds=1.0, max_seconds=8.0)
+    assert remote.retrying(fetch, what="t", backoff=backoff, sleep=slept.append) == "done"
+    assert fetch.calls == 3
+    assert slept == [1.0, 2.0]
+
+
+def test_a_lasting_transient_failure_becomes_transport_error() -> None:
+    slept: list[float] = []
+    fetch = Flaky(10, botocore.exceptions.ConnectionClosedError(endpoint_url="http://x"))
+    backoff = remote.Backoff(rounds=3, first_seconds=1.0, max_seconds=1.5)
+    with pytest.raises(errors.TransportError, match="after 3 rounds"):
+        remote.retrying(fetch, what="restoring step 4", backoff=backoff, sleep=slept.append)
+    assert fetch.calls == 3
+    assert slept == [1.0, 1.5]
+
+
+def test_other_failures_pass_through_at_once() -> None:
+    fetch = Flaky(1, client_error(403, "AccessDenied"))
+    with pytest.raises(botocore.exceptions.ClientError):
+        remote.retrying(fetch, what="t", sleep=lambda _: None)
+    assert fetch.calls == 1
+
+
+MODEL = ["embed.weight", "head.weight"]
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        (
+            [
+                "model.embed.weight",
+                "model.head.weight",
+                "optimizer.state.embed.weight.exp_avg",
+                "train_state.step",
+            ],
+            foreign.KeyMap(
+                model="model.", optimizer="optimizer.", step="train_state.step", rule="torchtitan"
+            ),
+        ),
+        (
+            ["model.embed.weight", "model.head.weight"],
+            foreign.KeyMap(model="model.", rule="model-state-dict"),
+        ),
+        (
+            ["embed.weight", "head.weight", "extra"],
+            foreign.KeyMap(model="", rule="bare-state-dict"),
+        ),
+    ],
+)
+def test_the_key_rule_recognises_common_layouts(keys: list[str], expected: foreign.KeyMap) -> None:
+    assert foreign.choose_key_map(keys, model_fqns=MODEL, user=None) == expected
+
+
+def test_a_user_map_wins_and_a_mismatch_names_the_keys() -> None:
+    user = foreign.KeyMap(model="net.", optimizer=None)
+    assert foreign.choose_key_map(["x"], model_fqns=MODEL, user=user) is user
+    with pytest.raises(errors.ConfigurationError, match=r"head\.weight.*CAIRN_IMPORT_KEYS"):
+        foreign.choose_key_map(["model.embed.weight"], model_fqns=MODEL, user=None)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"model": "module."}', foreign.KeyMap(model="module.")),
+        (
+            '{"model": "", "optimizer": "optim.", "step": "meta.step"}',
+            foreign.KeyMap(model="", optimizer="optim.", step="meta.step"),
+        ),
+        ('{"model": "m.", "optimizer": null}', foreign.KeyMap(model="m.")),
+    ],
+)
+def test_user_key_maps_parse(text: str, expected: foreign.KeyMap) -> None:
+    assert foreign.parse_key_map(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["not json", "[]", '{"optimizer": "o."}', '{"model": 1}', '{"model": "", "lr": "x"}']
+)
+def test_bad_user_key_maps_are_configuration_errors(text: str) -> None:
+    with pytest.raises(errors.ConfigurationError, match="CAIRN_IMPORT_KEYS"):
+        foreign.parse_key_map(text)
+
+
+def test_data_objects_live_under_the_manifest_data_prefix() -> None:
+    doc = {"step": 4, "world_size": 1, "attempt": 1, "created_at": 0, "files": []}
+    old = manifest_mod.Manifest.model_validate(doc)
+    new = manifest_mod.Manifest.model_validate({**doc, "data_prefix": "a1-abcd1234"})
+    assert remote.data_prefix("p/step-000000004", old) == "p/step-000000004"
+    assert remote.data_prefix("p/step-000000004", new) == "p/step-000000004/a1-abcd1234"
+
+
+def test_the_termination_message_is_clipped_on_a_character_boundary() -> None:
+    message = "é" * 3000  # 6000 bytes
+    clipped = termination.clip(message)
+    assert len(clipped) <= exitcodes.TERMINATION_MESSAGE_MAX_BYTES
+    assert clipped.decode() == "é" * (exitcodes.TERMINATION_MESSAGE_MAX_BYTES // 2)
+    assert termination.clip("short") == b"short"
+
+
+def test_a_configuration_error_writes_the_reason_and_returns_78(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "termination-log"
+    env = {termination.PATH_ENV: str(path)}
+    code = termination.config_error(errors.ConfigurationError("no step 9"), env=env)
+    assert code == exitcodes.CONFIG_ERROR == 78
+    assert path.read_text() == "ConfigurationError: no step 9"
+    assert termination.message_path({}) == pathlib.Path(exitcodes.TERMINATION_MESSAGE_PATH)
+    assert not termination.write_reason("x", env={termination.PATH_ENV: str(tmp_path / "no/dir")})

@@ -1,0 +1,33 @@
+"""The node agent's ordering of native sidecars (init containers with restartPolicy Always).
+
+Covers: a regular init container holds back what follows until it finished;
+a sidecar only until it started (and never again after a restart); the app
+containers of a pod with a sidecar start while the sidecar runs (the
+devcluster case: tests/integration/operator/test_pod_security.py).
+"""
+
+from cairn.devcluster.agent import podstatus, runtime
+
+
+def _init(*, sidecar: bool) -> podstatus.Container:
+    spec = {"name": "s" if sidecar else "i", "command": ["true"]}
+    if sidecar:
+        spec["restartPolicy"] = "Always"
+    return podstatus.Container(spec=spec, init=True)
+
+
+def test_regular_init_blocks_until_done() -> None:
+    init = _init(sidecar=False)
+    assert runtime._blocks_start(init) and not runtime._is_sidecar(init)
+    init.done = True
+    assert not runtime._blocks_start(init)
+
+
+def test_sidecar_blocks_only_until_started() -> None:
+    sidecar = _init(sidecar=True)
+    assert runtime._is_sidecar(sidecar) and runtime._blocks_start(sidecar)
+    sidecar.restart_count = 1  # it ran once and is in back-off now
+    assert runtime._started(sidecar)
+    assert not runtime._blocks_start(sidecar)
+    app = podstatus.Container(spec={"name": "a", "restartPolicy": "Always"}, init=False)
+    assert not runtime._is_sidecar(app), "restartPolicy on an app container is not a sidecar"

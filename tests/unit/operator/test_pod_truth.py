@@ -1,0 +1,23 @@
+"""handlers._PodTruth: kopf's pod index corrected by a fresh list from the API.
+
+Covers: a pod in the index but not in a fresh list is a ghost and is hidden
+from later index reads; pods the list has that the index lacks are planned
+from; a ghost is forgotten once kopf drops it; the first reconcile and one
+after a 404 delete ask for a list.
+"""
+
+from cairn.operator import handlers
+
+from . import jobs
+
+
+def test_ghosts_are_hidden_until_kopf_drops_them() -> None:
+    truth = handlers._PodTruth()
+    assert truth.list_next, "the first reconcile lists from the API"
+    ghost, live, fresh = jobs.pod(1, 0), jobs.pod(1, 1), jobs.pod(2, 0)
+    planned = truth.from_list(cached=(ghost, live), listed=(live, fresh))
+    assert planned == (live, fresh)
+    assert truth.ghosts == {ghost.uid} and not truth.list_next
+    assert truth.from_cache((ghost, live)) == (live,)
+    assert truth.from_cache((live, fresh)) == (live, fresh)
+    assert truth.ghosts == set()

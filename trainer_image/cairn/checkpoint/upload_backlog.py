@@ -1,0 +1,218 @@
+"""The upload phase with a backlog: committed steps that are not in S3 yet.
+
+A step is committed locally first; its upload can fail (S3 down, credentials
+expired). With `upload_on_failure="Continue"` (the default) training goes
+on: the step stays committed on the volume without its `.uploaded` marker,
+and is retried at later saves and at start-up, oldest first, with
+exponential backoff between rounds. Rank 0 decides what a round tries (pure
+`plan_round` over its volume's not-uploaded committed steps) and broadcasts
+it, so every rank uploads its own files of the same steps in the same order;
+rank 0 puts each manifest last (`pipeline`'s upload of one step) and
+broadcasts the result of each step.
+
+What the user sees: an `upload_failed` event per failed round (the status
+tracker turns it into `status.checkpoints.uploadError` = {message, time, step,
+backlog}, and the operator into the `UploadFailing` condition), an `uploaded`
+event per step that made it (which clears the error once nothing is left).
+Local retention never deletes a step that is not uploaded
+(`cairn.api.retention`), and says so when that exceeds keepLast/maxBytes.
+
+With `upload_on_failure="Fail"` a failed upload raises (the manager re-raises
+it on the next call, and the trainer stops).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import threading
+import time
+import typing
+
+from cairn.api import manifest as manifest_mod
+from cairn.checkpoint import coordinator as coordinator_mod
+from cairn.checkpoint import errors, events, layout, options
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_FACTOR = 60
+"""The wait between rounds grows to at most this many `upload_retry_seconds`."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Backoff:
+    """Rank 0's memory of failed rounds (one per manager)."""
+
+    failures: int = 0
+    next_try: float = 0.0
+    """time.monotonic() before which no new round is tried."""
+    last_error: str | None = None
+
+
+def due(state: Backoff, *, now: float) -> bool:
+    """Whether a round may be tried now. Pure."""
+    return state.failures == 0 or now >= state.next_try
+
+
+def after_failure(state: Backoff, *, now: float, error: str, initial: float) -> Backoff:
+    """The state after a failed round: the wait doubles, bounded. Pure."""
+    wait = initial * min(MAX_BACKOFF_FACTOR, 2**state.failures)
+    return Backoff(failures=state.failures + 1, next_try=now + wait, last_error=error)
+
+
+def plan_round(*, pending: list[int], current: int | None, due_now: bool) -> list[int]:
+    """Steps a round uploads, oldest first: the backlog plus the step just
+    committed; none while backing off (the new step joins the backlog). Pure."""
+    if not due_now:
+        return []
+    steps = set(pending)
+    if current is not None:
+        steps.add(current)
+    return sorted(steps)
+
+
+def pending_steps(root: pathlib.Path, *, job_uid: str | None) -> list[int]:
+    """This job's committed steps on this volume without the uploaded marker."""
+    return [
+        step
+        for step in layout.committed_steps(root, job_uid=job_uid)
+        if not layout.is_uploaded(layout.step_dir(root, step))
+    ]
+
+
+class UploadOne(typing.Protocol):
+    """Upload this rank's files of one committed step; rank 0 also puts the
+    manifest and marks the step uploaded. Raises on failure; returns bytes
+    (rank 0: the whole step's)."""
+
+    def __call__(
+        self, *, folder: pathlib.Path, manifest: manifest_mod.Manifest, key: str
+    ) -> int: ...
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Backlog:
+    """The backlog's state across the saves of one manager (rank 0 uses it)."""
+
+    opts: options.CheckpointOptions
+    coordinator: coordinator_mod.Coordinator
+    callbacks: typing.Sequence[events.ProgressCallback]
+    shared: bool = True
+    """Whether all ranks see one volume (else each marks its own folders)."""
+    state: Backoff = dataclasses.field(default_factory=Backoff)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    clock: typing.Callable[[], float] = time.monotonic
+
+    def _emit(self, phase: events.Phase, step: int, **kw: typing.Any) -> None:
+        event = events.ProgressEvent(phase=phase, step=step, rank=self.coordinator.rank, **kw)
+        events.emit(self.callbacks, event)
+
+    def _agree(self, tag: str, current: int | None) -> list[int]:
+        coord = self.coordinator
+        if coord.rank != 0:
+            got = coord.wait_for(f"{tag}/plan", timeout=self.opts.timeout_seconds)
+            return [int(s) for s in got["steps"]]
+        job_uid = self.opts.job_uid
+        pending = [s for s in pending_steps(self.opts.directory, job_uid=job_uid) if s != current]
+        with self.lock:
+            due_now = due(self.state, now=self.clock())
+        steps = plan_round(pending=pending, current=current, due_now=due_now)
+        if not due_now and (pending or current is not None):
+            log.info("upload backlog %s: backing off after %s", pending, self.state.last_error)
+        coord.broadcast(f"{tag}/plan", {"steps": steps})
+        return steps
+
+    def run(
+        self,
+        *,
+        tag: str,
+        current: manifest_mod.Manifest | None,
+        upload_one: UploadOne,
+    ) -> list[int]:
+        """One round on every rank (collective); returns the steps uploaded."""
+        coord = self.coordinator
+        steps = self._agree(tag, current.step if current is not None else None)
+        done: list[int] = []
+        for step in steps:
+            t0 = time.monotonic()
+            folder = layout.step_dir(self.opts.directory, step)
+            key = f"{tag}/{step}"
+            error: str | None = None
+            fenced: errors.FencedError | None = None
+            sent = 0
+            try:
+                manifest = (
+                    current
+                    if current is not None and current.step == step
+                    else layout.read_manifest(folder)
+                )
+                sent = upload_one(folder=folder, manifest=manifest, key=key)
+            except errors.FencedError as exc:
+                fenced = exc  # a newer attempt owns the job: not an outage
+                error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            error = self._result(key, error)
+            if fenced is not None:
+                raise fenced
+            if error is not None and error.startswith(f"{errors.FencedError.__name__}:"):
+                # A fenced writer (a newer attempt or another job owns the
+                # step) must stop, whatever upload_on_failure says.
+                raise errors.FencedError(f"upload of step {step} refused: {error}")
+            if error is not None:
+                self._failed(step, error, left=[s for s in steps if s not in done])
+                break
+            if not self.shared and coord.rank != 0:
+                # Node-local: this rank's copy of the step is uploaded too,
+                # so its own rotation may delete it later.
+                layout.mark_uploaded(folder)
+            done.append(step)
+            self._emit("uploaded", step, seconds=time.monotonic() - t0, bytes=sent)
+        if done and coord.rank == 0:
+            with self.lock:
+                if self.state.failures and len(done) == len(steps):
+                    log.info("upload backlog cleared: uploaded steps %s", done)
+                    self.state = Backoff()
+        return done
+
+    def _result(self, key: str, error: str | None) -> str | None:
+        """Rank 0's verdict on one step (it saw every rank's report)."""
+        coord = self.coordinator
+        if coord.rank == 0:
+            coord.broadcast(f"{key}/result", {"error": error})
+            return error
+        got = coord.wait_for(f"{key}/result", timeout=self.opts.timeout_seconds)
+        verdict = got.get("error")
+        return None if verdict is None else str(verdict)
+
+    def _failed(self, step: int, error: str, *, left: list[int]) -> None:
+        if self.coordinator.rank == 0:
+            with self.lock:
+                self.state = after_failure(
+                    self.state,
+                    now=self.clock(),
+                    error=error,
+                    initial=self.opts.upload_retry_seconds,
+                )
+            log.warning("upload of step %d failed (backlog %s): %s", step, left, error)
+            self._emit("upload_failed", step, message=_failure_message(error, left))
+        if self.opts.upload_on_failure == "Fail":
+            raise errors.RemoteError(f"upload of step {step} failed: {error}")
+
+
+BACKLOG_PREFIX = "backlog="
+
+
+def _failure_message(error: str, backlog: list[int]) -> str:
+    """`backlog=<steps>; <error>`: what the status tracker parses. Pure."""
+    return f"{BACKLOG_PREFIX}{','.join(map(str, backlog))}; {error}"[:1000]
+
+
+def parse_failure_message(message: str) -> tuple[list[int], str]:
+    """Inverse of `_failure_message`: (backlog steps, error). Pure."""
+    if not message.startswith(BACKLOG_PREFIX):
+        return [], message
+    head, _, error = message.partition("; ")
+    steps = [int(s) for s in head[len(BACKLOG_PREFIX) :].split(",") if s.isdigit()]
+    return steps, error
