@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import threading
@@ -162,6 +163,10 @@ def _follow(
     return job, rows, wall
 
 
+_TMP_FOLDER = re.compile(r"^\.step-(\d+)\.tmp-")
+"""An attempt's temporary step folder (`cairn.checkpoint.layout.tmp_dir_name`)."""
+
+
 def _step_of(folder: pathlib.Path) -> int:
     return int(folder.name.removeprefix("step-"))
 
@@ -281,7 +286,9 @@ class SuspendCycle:
 class WriteKiller(threading.Thread):
     """SIGKILLs rank 1 the moment its data files of a new step appear on the shared volume.
 
-    DCP creates `step-<N>/__1_*.distcp` when rank 1 starts writing its shards;
+    A step is written into the attempt's temporary folder
+    (`.step-<N>.tmp-<uid8>-a<attempt>/`) and renamed to `step-<N>/` at commit.
+    DCP creates `__1_*.distcp` there when rank 1 starts writing its shards;
     rank 1 reports its files to rank 0 only after they are written, CRC'd and
     fsynced, and rank 0 commits (manifest.json) only after every report, so a
     kill at that moment lands inside the write of step N.
@@ -298,6 +305,8 @@ class WriteKiller(threading.Thread):
         self.stop = threading.Event()
         self.root: pathlib.Path | None = None
         self.killed_step: int | None = None
+        self.partial: pathlib.Path | None = None
+        """Attempt 1's temporary folder of the killed step."""
         self.committed_before: list[int] = []
         self.rank1_files: list[tuple[str, int]] = []
         self.pid: int | None = None
@@ -327,13 +336,15 @@ class WriteKiller(threading.Thread):
         root = self.root
         while not self.stop.is_set():
             newest = max(_committed(root), default=-1)
-            for folder in sorted(root.glob("step-*")):
-                if _step_of(folder) <= newest or (folder / manifest.MANIFEST_NAME).exists():
+            for folder in sorted(root.glob(".step-*.tmp-*")):
+                match = _TMP_FOLDER.match(folder.name)
+                if match is None or int(match.group(1)) <= newest:
                     continue
                 mine = list(folder.glob("__1_*"))
                 if mine:
                     os.kill(self.pid, signal.SIGKILL)
-                    self.killed_step = _step_of(folder)
+                    self.killed_step = int(match.group(1))
+                    self.partial = folder
                     self.committed_before = _committed(root)
                     self.rank1_files = [(p.name, p.stat().st_size) for p in mine if p.exists()]
                     demo.say(
@@ -381,7 +392,7 @@ def test_kill_during_checkpoint_write_resumes_from_last_commit(
         ):
             folder = killer.root / f"step-{killer.killed_step:09d}"
             seen["manifest_after_kill"] = (folder / manifest.MANIFEST_NAME).exists()
-            seen["partial_exists"] = folder.exists()
+            seen["partial_exists"] = killer.partial is not None and killer.partial.exists()
             seen["committed_at_restart"] = _step(_ckpts(job), "lastCommitted")
 
     try:

@@ -10,6 +10,7 @@ within 1e-3 (same global batch and data order; only the
 reduction order differs).
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -74,9 +75,46 @@ def _launch(
         )
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL torchrun and every worker. torch's elastic agent starts each worker
+    in a session of its own (`start_new_session`), so killing torchrun's process
+    group alone leaves the workers running on as zombie writers of the old attempt."""
+    workers = _descendants(proc.pid)
     os.killpg(proc.pid, signal.SIGKILL)
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     proc.wait(30)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not merely a zombie waiting for init to reap it."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def _wait(proc: subprocess.Popen[bytes], run_dir: pathlib.Path) -> int:

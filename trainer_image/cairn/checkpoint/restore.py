@@ -41,7 +41,17 @@ from torch.distributed.checkpoint import state_dict_loader
 
 from cairn.api import checkpointspec
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import aside, errors, events, foreign, layout, options, remote, state
+from cairn.checkpoint import (
+    aside,
+    errors,
+    events,
+    foreign,
+    layout,
+    options,
+    remote,
+    startup,
+    state,
+)
 from cairn.checkpoint import coordinator as coordinator_mod
 from cairn.checkpoint import fetch as fetch_mod
 from cairn.checkpoint import verdict as verdict_mod
@@ -97,7 +107,7 @@ def restore(
     TransportError when S3 kept failing, CheckpointError when committed
     steps exist but none verifies.
     """
-    shared = directory_shared(
+    shared = startup.probe_shared(
         directory=opts.directory,
         coordinator=coordinator,
         namespace=namespace,
@@ -471,33 +481,6 @@ def _commit_download(
         log.warning("verified download of step %d not committed locally: %s", manifest.step, exc)
         return tmp
     return final
-
-
-def directory_shared(
-    *,
-    directory: typing.Any,
-    coordinator: coordinator_mod.Coordinator,
-    namespace: str,
-    timeout: float,
-) -> bool:
-    """Whether every rank sees the same checkpoint directory (a shared volume).
-
-    Each rank drops a probe file, the ranks agree on a barrier, and each
-    reports whether it sees all probes; one rank that does not makes it False.
-    """
-    rank, world = coordinator.rank, coordinator.world_size
-    root = pathlib.Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    tag = namespace.replace("/", "_")
-    probe = root / f".cairn-probe-{tag}-{rank}"
-    probe.write_text(str(rank))
-    coordinator.publish(f"{namespace}/probe", {"ok": True})
-    coordinator.gather(f"{namespace}/probe", timeout=timeout)
-    sees_all = all((root / f".cairn-probe-{tag}-{r}").exists() for r in range(world))
-    coordinator.publish(f"{namespace}/probe-seen", {"all": sees_all})
-    reports = coordinator.gather(f"{namespace}/probe-seen", timeout=timeout)
-    probe.unlink(missing_ok=True)
-    return all(report.get("all") for report in reports)
 
 
 def _load(
