@@ -143,3 +143,24 @@ def wait_for_file(path: pathlib.Path, *, job: Job, timeout: float = 90.0) -> Non
 def sigkill(job: Job, rank: int) -> None:
     os.kill(job.procs[rank].pid, signal.SIGKILL)
     job.procs[rank].wait(timeout=10)
+
+
+def s3_cfg(
+    server: typing.Any, bucket: str, *, prefix: str = "jobs/demo", **kw: typing.Any
+) -> dict[str, typing.Any]:
+    """The worker's `s3` options for `s3://bucket/prefix` on the test's S3 server."""
+    return {
+        "uri": f"s3://{bucket}/{prefix}",
+        "endpoint_url": server.endpoint_url,
+        "region": server.region,
+        "access_key": server.access_key,
+        "secret_key": server.secret_key,
+        **kw,
+    }
+
+
+def bucket_keys(server: typing.Any, bucket: str) -> list[str]:
+    """Every object key in the bucket, sorted."""
+    client = server.client()
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))

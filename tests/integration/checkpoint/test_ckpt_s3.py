@@ -40,35 +40,18 @@ pytestmark = [
 ]
 
 
-def s3_cfg(server: typing.Any, bucket: str, **kw: typing.Any) -> dict[str, typing.Any]:
-    return {
-        "uri": f"s3://{bucket}/jobs/demo",
-        "endpoint_url": server.endpoint_url,
-        "region": server.region,
-        "access_key": server.access_key,
-        "secret_key": server.secret_key,
-        **kw,
-    }
-
-
-def keys(server: typing.Any, bucket: str) -> list[str]:
-    client = server.client()
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
-    return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
-
-
 @pytest.mark.torch
 def test_two_ranks_upload_then_resume_from_s3_on_a_fresh_disk(
     tmp_path: pathlib.Path, s3_server: typing.Any
 ) -> None:
     bucket = s3_server.new_bucket("ckpt-roundtrip")
-    s3 = s3_cfg(s3_server, bucket)
+    s3 = ckpt_harness.s3_cfg(s3_server, bucket)
     cfg = {"dir": str(tmp_path / "node-a"), "interval": 2, "keep_last": 2, "s3": s3}
     first = ckpt_harness.launch(
         {**cfg, "steps": 4, "dump_steps": [4]}, world=2, tmp=tmp_path, name="first"
     )
     first.wait()
-    objects = keys(s3_server, bucket)
+    objects = ckpt_harness.bucket_keys(s3_server, bucket)
     for step in (2, 4):
         prefix = f"jobs/demo/{manifest_mod.step_dir_name(step)}/"
         names = {k[len(prefix) :] for k in objects if k.startswith(prefix)}
@@ -102,7 +85,7 @@ def test_kill_during_upload_leaves_no_remote_manifest(
     tmp_path: pathlib.Path, s3_server: typing.Any
 ) -> None:
     bucket = s3_server.new_bucket("ckpt-kill-upload")
-    s3 = s3_cfg(s3_server, bucket)
+    s3 = ckpt_harness.s3_cfg(s3_server, bucket)
     cfg = {"dir": str(tmp_path / "node-a"), "interval": 2, "keep_last": 2, "s3": s3, "steps": 6}
     job = ckpt_harness.launch(
         cfg,
@@ -120,7 +103,9 @@ def test_kill_during_upload_leaves_no_remote_manifest(
     job.kill()
     client = remote.make_client(options.S3Options(**s3))
     assert remote.committed_steps(client, options.S3Options(**s3)) == [2]
-    assert "jobs/demo/step-000000004/a0-local/__1_0.distcp" in keys(s3_server, bucket)
+    assert "jobs/demo/step-000000004/a0-local/__1_0.distcp" in ckpt_harness.bucket_keys(
+        s3_server, bucket
+    )
 
     resumed = ckpt_harness.launch(
         {**cfg, "dir": str(tmp_path / "node-b"), "resume": True, "attempt": 1},
@@ -202,7 +187,7 @@ def test_upload_survives_injected_5xx_and_resets(
     tmp_path: pathlib.Path, s3_server: typing.Any
 ) -> None:
     bucket = s3_server.new_bucket("ckpt-faults")
-    s3 = s3_cfg(s3_server, bucket, max_attempts=8, part_size=5 * 1024 * 1024)
+    s3 = ckpt_harness.s3_cfg(s3_server, bucket, max_attempts=8, part_size=5 * 1024 * 1024)
     opts = single_opts(tmp_path, s3)
     client = remote.make_client(opts.s3)  # type: ignore[arg-type]
     faults = Faults(every=3)
@@ -228,7 +213,7 @@ def test_manifest_failure_never_marks_uploaded(
     tmp_path: pathlib.Path, s3_server: typing.Any, on_failure: typing.Any
 ) -> None:
     bucket = s3_server.new_bucket("ckpt-nomanifest")
-    s3 = s3_cfg(s3_server, bucket, max_attempts=2)
+    s3 = ckpt_harness.s3_cfg(s3_server, bucket, max_attempts=2)
     opts = single_opts(tmp_path, s3, upload_on_failure=on_failure)
     client = remote.make_client(opts.s3)  # type: ignore[arg-type]
     faults = Faults(every=10**9, fail_keys="manifest.json")
@@ -248,7 +233,7 @@ def test_manifest_failure_never_marks_uploaded(
     folder = layout.step_dir(tmp_path / "ckpt", 1)
     assert layout.is_committed(folder)  # committed locally...
     assert not layout.is_uploaded(folder)  # ...but never marked uploaded
-    assert not any(k.endswith("manifest.json") for k in keys(s3_server, bucket))
+    assert not any(k.endswith("manifest.json") for k in ckpt_harness.bucket_keys(s3_server, bucket))
 
 
 @pytest.fixture

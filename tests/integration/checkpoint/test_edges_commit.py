@@ -67,16 +67,6 @@ def crcs(root: pathlib.Path) -> dict[str, str]:
     }
 
 
-def s3_cfg(server: typing.Any, bucket: str) -> dict[str, typing.Any]:
-    return {
-        "uri": f"s3://{bucket}/jobs/edge",
-        "endpoint_url": server.endpoint_url,
-        "region": server.region,
-        "access_key": server.access_key,
-        "secret_key": server.secret_key,
-    }
-
-
 def object_crcs(server: typing.Any, bucket: str, prefix: str) -> dict[str, str]:
     """Server-side full-object CRC32C (or the ETag for composite ones) of every key."""
     client = server.client()
@@ -138,7 +128,7 @@ def test_rollback_then_three_saves_keeps_the_new_lineage(
         "interval": 2,
         "keep_last": 10,
         "job_uid": UID_A,
-        "s3": s3_cfg(s3_server, bucket),
+        "s3": ckpt_harness.s3_cfg(s3_server, bucket, prefix="jobs/edge"),
     }
     ckpt_harness.launch({**base, "steps": 8}, world=2, tmp=tmp_path, name="old-run").wait()
     old = {s: layout.read_manifest(layout.step_dir(ckpt, s)) for s in (6, 8)}
@@ -228,7 +218,7 @@ def test_zombie_writer_never_changes_committed_bytes(
     tmp_path: pathlib.Path, s3_server: typing.Any
 ) -> None:
     bucket = s3_server.new_bucket("edge-zombie")
-    s3 = s3_cfg(s3_server, bucket)
+    s3 = ckpt_harness.s3_cfg(s3_server, bucket, prefix="jobs/edge")
     base = {"interval": 2, "keep_last": 10, "steps": 6, "job_uid": UID_A, "s3": s3}
     # Attempt 0 on its pods' node-local volumes; held after writing step 4.
     zombie = ckpt_harness.launch(
@@ -370,7 +360,9 @@ def test_operator_verifies_attempt_scoped_multipart_objects_by_crc(
 ) -> None:
     bucket = s3_server.new_bucket("edge-verify")
     s3opts = options.S3Options(
-        **s3_cfg(s3_server, bucket), part_size=5 * 1024 * 1024, concurrency=2
+        **ckpt_harness.s3_cfg(s3_server, bucket, prefix="jobs/edge"),
+        part_size=5 * 1024 * 1024,
+        concurrency=2,
     )
     folder = tmp_path / "step"
     folder.mkdir()

@@ -80,23 +80,6 @@ def copies_of(root: pathlib.Path, name: str) -> list[pathlib.Path]:
     return sorted(p for p in root.rglob(name) if p.is_dir())
 
 
-def s3_cfg(server: typing.Any, bucket: str, **kw: typing.Any) -> dict[str, typing.Any]:
-    return {
-        "uri": f"s3://{bucket}/jobs/demo",
-        "endpoint_url": server.endpoint_url,
-        "region": server.region,
-        "access_key": server.access_key,
-        "secret_key": server.secret_key,
-        **kw,
-    }
-
-
-def bucket_keys(server: typing.Any, bucket: str) -> list[str]:
-    client = server.client()
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
-    return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
-
-
 def flip_byte(data: bytes) -> bytes:
     changed = bytearray(data)
     changed[len(changed) // 2] ^= 0xFF  # same size: only the CRC sees it
@@ -188,7 +171,7 @@ def test_transient_s3_errors_during_restore_do_not_fall_back(
     tmp_path: pathlib.Path, s3_server: typing.Any
 ) -> None:
     bucket = s3_server.new_bucket("edges-transient")
-    s3 = s3_cfg(s3_server, bucket)
+    s3 = ckpt_harness.s3_cfg(s3_server, bucket)
     cfg = {"interval": 2, "keep_last": 2, "steps": 4, "s3": s3}
     first = ckpt_harness.launch(
         {**cfg, "dir": str(tmp_path / "node-a"), "dump_steps": [4]},
@@ -231,7 +214,7 @@ def test_node_local_ranks_each_restore_and_install_the_step_from_s3(
     tmp_path: pathlib.Path, s3_server: typing.Any
 ) -> None:
     bucket = s3_server.new_bucket("edges-node-local")
-    s3 = s3_cfg(s3_server, bucket)
+    s3 = ckpt_harness.s3_cfg(s3_server, bucket)
     cfg = {"interval": 2, "keep_last": 2, "steps": 4, "s3": s3}
     first = ckpt_harness.launch(
         {**cfg, "dir": str(tmp_path / "first-{rank}"), "dump_steps": [4]},
@@ -265,7 +248,7 @@ def test_resume_uri_naming_another_jobs_cairn_step_loads_it_verified(
     tmp_path: pathlib.Path, s3_server: typing.Any
 ) -> None:
     bucket = s3_server.new_bucket("edges-uri-cairn")
-    other = s3_cfg(s3_server, bucket, uri=f"s3://{bucket}/jobs/other")
+    other = ckpt_harness.s3_cfg(s3_server, bucket, uri=f"s3://{bucket}/jobs/other")
     first = ckpt_harness.launch(
         {"interval": 2, "steps": 4, "s3": other, "dir": str(tmp_path / "a"), "dump_steps": [4]},
         world=2,
@@ -273,7 +256,7 @@ def test_resume_uri_naming_another_jobs_cairn_step_loads_it_verified(
         name="first",
     )
     first.wait()
-    mine = s3_cfg(s3_server, bucket)  # this job's own prefix: jobs/demo
+    mine = ckpt_harness.s3_cfg(s3_server, bucket)  # this job's own prefix: jobs/demo
     resumed = ckpt_harness.launch(
         {
             "interval": 2,
@@ -306,7 +289,7 @@ def test_s3_outage_during_restore_fails_instead_of_falling_back(
     tmp_path: pathlib.Path, s3_server: typing.Any
 ) -> None:
     bucket = s3_server.new_bucket("edges-outage")
-    s3 = s3_cfg(s3_server, bucket, max_attempts=2)
+    s3 = ckpt_harness.s3_cfg(s3_server, bucket, max_attempts=2)
     cfg = {"interval": 2, "keep_last": 2, "steps": 4, "s3": s3}
     ckpt_harness.launch(
         {**cfg, "dir": str(tmp_path / "node-a")}, world=2, tmp=tmp_path, name="first"
@@ -335,7 +318,7 @@ def test_s3_outage_during_restore_fails_instead_of_falling_back(
     # Step 2 was never tried, nothing was moved: the next attempt finds it all.
     assert layout.committed_steps(node_b) == []
     assert not (node_b / ".cairn" / "quarantine").exists()
-    keys = bucket_keys(s3_server, bucket)
+    keys = ckpt_harness.bucket_keys(s3_server, bucket)
     assert remote.committed_steps(s3_server.client(), options.S3Options(**s3)) == [2, 4]
     assert not any("/.cairn/" in key for key in keys)
 
@@ -348,7 +331,7 @@ def test_crc_corrupt_step_is_quarantined_not_deleted_and_resume_falls_back(
     tmp_path: pathlib.Path, s3_server: typing.Any
 ) -> None:
     bucket = s3_server.new_bucket("edges-corrupt")
-    s3 = s3_cfg(s3_server, bucket)
+    s3 = ckpt_harness.s3_cfg(s3_server, bucket)
     ckpt = tmp_path / "ckpt"
     cfg = {"interval": 2, "keep_last": 3, "steps": 6, "s3": s3, "dir": str(ckpt)}
     ckpt_harness.launch(cfg, world=2, tmp=tmp_path, name="first").wait()
@@ -377,7 +360,7 @@ def test_crc_corrupt_step_is_quarantined_not_deleted_and_resume_falls_back(
     assert "crc32c" in reason
     assert 6 not in layout.committed_steps(ckpt)
     # In S3: the manifest moved aside, the data objects untouched.
-    keys = bucket_keys(s3_server, bucket)
+    keys = ckpt_harness.bucket_keys(s3_server, bucket)
     assert remote.committed_steps(client, options.S3Options(**s3)) == [2, 4]
     assert any(k.startswith("jobs/demo/.cairn/quarantine/") and folder.name in k for k in keys)
     assert f"{prefix}/{shard}" in keys
