@@ -32,7 +32,7 @@ RUN python -m venv --without-pip /opt/cairn \
 FROM wheel AS trainer-env
 RUN python -m venv --without-pip /opt/cairn \
  && /tools/bin/uv pip install --python /opt/cairn/bin/python -c requirements.lock \
-      "$(ls /wheels/cairn-*.whl)[trainer]"
+      "$(ls /wheels/cairn-*.whl)[trainer,ray]"
 
 FROM ${PYTHON_IMAGE} AS runtime-base
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PATH=/opt/cairn/bin:$PATH

@@ -16,7 +16,18 @@ controller on the same cluster, one after the other:
 - status writes per job per minute over an idle window after the burst,
   with `--writers` of the jobs given a stand-in writer (the trainer's own
   `StatusReporter` with the default budget, its step moving every second,
-  as rank 0 reports it), split into the writers' patches and the rest.
+  as rank 0 reports it), split into the writers' patches and the rest;
+- cold start (`--own-cluster`): the operator is stopped and started again
+  with the N TrainingJobs in place; the seconds until it has observed every
+  job (its `cairn_trainingjobs` gauge counts N and it reconciled N times)
+  and until the steady state (observed, and no write to any of the jobs for
+  `--quiet` seconds), the writes to the jobs and the API requests by kind
+  in that time, the new process's CPU seconds and peak RSS.
+
+`--own-cluster` runs all of it on a second, control-plane-only devcluster
+with its own operator process (`--cluster-down` stops it), so a burst of
+thousands of jobs does not slow down the shared cluster other people's
+tests run on; without it, the shared devcluster and its operator are used.
 
 The pods select a node label no node has, so the scheduler leaves them
 Pending and nothing runs: only the controllers and the API server are
@@ -24,6 +35,8 @@ measured. Everything is created in one fresh namespace, deleted at the end.
 
 Usage (devcluster up, operator running, e.g. after `./scripts/demo`):
     python -m bench.operator_scale [--jobs 200] [--nodes 2] [--window 60] [--writers 200]
+    python -m bench.operator_scale --own-cluster --jobs 2000
+    python -m bench.operator_scale --cluster-down   # stops what --own-cluster started
 Not part of the test suite.
 """
 
@@ -33,12 +46,16 @@ import argparse
 import collections
 import concurrent.futures
 import dataclasses
+import json
 import os
 import pathlib
 import re
+import shutil
 import statistics
+import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +63,7 @@ from typing import Any
 from kubernetes import client, config, watch
 
 from cairn.api import trainingjob
-from cairn.devcluster import cluster, processes
+from cairn.devcluster import cluster, controlplane, paths, pki, processes
 from cairn.trainer import status_reporter
 from tests import demo
 
@@ -56,6 +73,164 @@ NODE_SELECTOR = {"cairn.dev/bench": "no-such-node"}
 CAIRN_LABEL = "cairn.dev/job-name"
 BATCH_LABEL = "batch.kubernetes.io/job-name"
 STATUS_PATCH = "PATCH trainingjobs/status"
+
+# The bench's own cluster (--own-cluster)
+#
+# The shared devcluster serves every engineer's tests; a burst of thousands of
+# jobs on it would slow their API server and etcd down. `cluster_up` starts
+# another etcd, kube-apiserver, kube-controller-manager (its Job controller is
+# the anchor) and kube-scheduler from the devcluster's own command lines
+# (`cairn.devcluster.controlplane`), under their own state directory and
+# ports, and an operator process of this checkout against it. No node agent,
+# no S3, no bridge: the bench's pods are never scheduled, and nothing
+# host-wide is created, so stopping it cannot touch the shared cluster. Every
+# process is tracked by a pidfile under the state directory and stopped by PID
+# (`--cluster-down`).
+
+STATE_DIR = paths.cache_root() / "bench-cluster" / "state"
+PORTS = controlplane.Ports(
+    apiserver=16443, etcd_client=22379, etcd_peer=22380, s3=28333, kubelet_base=20250
+)
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+OPERATOR = "operator"
+LIVENESS_PORT = 18080
+METRICS_PORT = 19090
+READY_SECONDS = 120.0
+
+
+def bench_target() -> cluster.Cluster:
+    return cluster.Cluster(state=paths.StatePaths(root=STATE_DIR), ports=PORTS, nodes=())
+
+
+def _alive(bench: cluster.Cluster, name: str) -> bool:
+    tracked = processes.read_pidfile(bench.state.pidfile(name))
+    return tracked is not None and processes.is_alive(tracked)
+
+
+def _bench_spawn(bench: cluster.Cluster, name: str, argv: list[str], env: dict[str, str]) -> None:
+    processes.spawn(
+        name=name,
+        argv=argv,
+        log_path=bench.state.log(name),
+        pidfile=bench.state.pidfile(name),
+        env=env,
+        cwd=bench.state.root,
+    )
+
+
+def _bench_wait(what: str, ready: object, seconds: float = READY_SECONDS) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ready():  # type: ignore[operator]
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"bench cluster: {what} not ready within {seconds:.0f} s (logs: {STATE_DIR})")
+
+
+def _kubeconfigs(bench: cluster.Cluster) -> None:
+    for identity, path in (
+        (pki.ADMIN, bench.state.admin_kubeconfig),
+        (pki.CONTROLLER_MANAGER, bench.state.kubeconfig("controller-manager")),
+        (pki.SCHEDULER, bench.state.kubeconfig("scheduler")),
+    ):
+        path.write_text(
+            controlplane.kubeconfig(
+                server=bench.server,
+                pki=bench.state.pki,
+                client_stem=identity.file_stem,
+                user=identity.user,
+            )
+        )
+        path.chmod(0o600)
+
+
+def cluster_up() -> cluster.Cluster:
+    """Start what is not running yet (bounded), install the CRD; the cluster."""
+    bench = bench_target()
+    state = bench.state
+    for directory in (state.root, state.logs, state.pids, state.tmp):
+        directory.mkdir(parents=True, exist_ok=True)
+    pki.ensure(state.pki)
+    _kubeconfigs(bench)
+    env = dict(os.environ)
+    env["TMPDIR"] = str(state.tmp)
+    commands = {
+        "etcd": controlplane.etcd_command(state=state, ports=PORTS),
+        "kube-apiserver": controlplane.apiserver_command(state=state, ports=PORTS),
+        "kube-controller-manager": controlplane.controller_manager_command(state=state),
+        "kube-scheduler": controlplane.scheduler_command(state=state),
+    }
+    for name in COMPONENTS:
+        if not _alive(bench, name):
+            _bench_spawn(bench, name, commands[name], env)
+        if name == "kube-apiserver":
+            _bench_wait("the API server", lambda: cluster.api_get(bench, "/readyz")[0] == 200)
+    _bench_wait(
+        "the default ServiceAccount",
+        lambda: (
+            cluster.api_get(bench, "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
+        ),
+    )
+    demo.install_crd(bench_api_client(bench))
+    stop_bench_operator(bench)  # a run measures the code as it is now
+    snapshot_operator(bench)
+    start_bench_operator(bench)
+    url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+    _bench_wait("the operator's /metrics", lambda: bool(operator_metrics(url)))
+    time.sleep(5.0)  # kopf's first lists and watches: the idle RSS is after them
+    return bench
+
+
+def bench_api_client(bench: cluster.Cluster) -> client.ApiClient:
+    configuration = client.Configuration()
+    config.load_kube_config(str(bench.state.admin_kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = 32
+    return client.ApiClient(configuration)
+
+
+def snapshot_operator(bench: cluster.Cluster) -> None:
+    """Copy this checkout's `cairn.api` and `cairn.operator` under the state dir: the
+    operator of a run (restarted for the cold start) is the code as the run began,
+    not whatever the working tree holds a few minutes later."""
+    root = bench.state.root / "snapshot" / "cairn"
+    shutil.rmtree(root.parent, ignore_errors=True)
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    for source in ("api/cairn/api", "operator/cairn/operator"):
+        shutil.copytree(repo / source, root / pathlib.Path(source).name)
+
+
+def start_bench_operator(bench: cluster.Cluster) -> int:
+    """The operator against the bench cluster (its own liveness and metrics ports),
+    from the snapshot when there is one; its PID."""
+    if not _alive(bench, OPERATOR):
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(bench.state.admin_kubeconfig)
+        env["TMPDIR"] = str(bench.state.tmp)
+        snapshot = bench.state.root / "snapshot"
+        if snapshot.exists():
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(snapshot), *filter(None, [os.environ.get("PYTHONPATH")])]
+            )
+        argv = [sys.executable, "-m", "cairn.operator", "--all-namespaces"]
+        argv += ["--liveness", f"http://127.0.0.1:{LIVENESS_PORT}/healthz"]
+        argv += ["--metrics-port", str(METRICS_PORT)]
+        _bench_spawn(bench, OPERATOR, argv, env)
+    tracked = processes.read_pidfile(bench.state.pidfile(OPERATOR))
+    assert tracked is not None
+    return tracked.pid
+
+
+def stop_bench_operator(bench: cluster.Cluster) -> None:
+    processes.stop_pidfile(bench.state.pidfile(OPERATOR), grace_seconds=15.0)
+
+
+def cluster_down() -> None:
+    """Stop the operator and the control plane, by PID, in reverse order."""
+    bench = bench_target()
+    stop_bench_operator(bench)
+    for name in reversed(COMPONENTS):
+        processes.stop_pidfile(bench.state.pidfile(name), grace_seconds=10.0)
+
 
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -85,6 +260,9 @@ def training_job(name: str, nodes: int) -> dict[str, Any]:
             "command": COMMAND,
             "template": {"nodeSelector": NODE_SELECTOR},
             "checkpoint": {"intervalSteps": 100},
+            # The pods never start: without this the jobs of a long run restart
+            # after the default 600 s (StartupDeadlineExceeded) in the middle of it.
+            "startupDeadlineSeconds": 86400,
         },
     }
 
@@ -282,6 +460,7 @@ class Modified(threading.Thread):
         self.resource_version = listed["metadata"]["resourceVersion"]
         self.last = {item["metadata"]["name"]: item for item in listed["items"]}
         self.changes: collections.Counter[str] = collections.Counter()
+        self.last_change = time.monotonic()
         self.stopped = threading.Event()
         self.stream = watch.Watch()
 
@@ -315,6 +494,7 @@ class Modified(threading.Thread):
             name = job["metadata"]["name"]
             if event["type"] == "MODIFIED" and name in self.last:
                 self.changes[changed_fields(self.last[name], job)] += 1
+                self.last_change = time.monotonic()
             self.last[name] = job
 
 
@@ -365,6 +545,109 @@ def idle_window(
     )
 
 
+def operator_metrics(url: str) -> dict[str, float]:
+    """The operator's /metrics: the job gauge summed over phases and the reconcile count."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return {}
+    return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Pure: ``jobs`` (sum of ``cairn_trainingjobs``) and ``reconciles``."""
+    out = {"jobs": 0.0, "reconciles": 0.0}
+    for line in text.splitlines():
+        if line.startswith("cairn_trainingjobs{"):
+            out["jobs"] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("cairn_reconcile_duration_seconds_count "):
+            out["reconciles"] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ColdStart:
+    observed_seconds: float
+    steady_seconds: float
+    writes: collections.Counter[str]
+    requests: collections.Counter[str]
+    operator_cpu: float
+    rss_peak_kib: int
+    reconciles: float
+
+
+def cold_start(
+    *,
+    api: client.ApiClient,
+    namespace: str,
+    jobs: int,
+    bench: cluster.Cluster,
+    quiet: float,
+    timeout: float,
+) -> ColdStart:
+    """Restart the bench cluster's operator with the jobs in place; time its way to steady state."""
+    modified = Modified(api, namespace)
+    modified.start()
+    # Settled first, with the old operator still running (the stand-in writers'
+    # last patches, transitions still under way): what follows is the restart's.
+    quiet_since = time.monotonic()
+    while time.monotonic() - max(quiet_since, modified.last_change) < quiet:
+        time.sleep(0.5)
+    stop_bench_operator(bench)
+    modified.changes.clear()
+    before = requests_by_kind(api)
+    started = time.monotonic()
+    pid = start_bench_operator(bench)
+    rss = PeakRss(pid)
+    rss.start()
+    url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+    observed_at: float | None = None
+    seen: dict[str, float] = {}
+    while time.monotonic() - started < timeout:
+        time.sleep(0.5)
+        seen = operator_metrics(url) or seen
+        if observed_at is None and seen.get("jobs", 0) >= jobs and seen["reconciles"] >= jobs:
+            observed_at = time.monotonic()
+        if observed_at is not None:
+            settled = max(observed_at, modified.last_change)
+            if time.monotonic() - settled >= quiet:
+                break
+    else:
+        print(f"WARNING: no steady state within {timeout} s (metrics {seen})")
+    modified.stop()
+    rss.stop.set()
+    observed = (observed_at or float("nan")) - started
+    return ColdStart(
+        observed_seconds=observed,
+        steady_seconds=max(observed_at or float("nan"), modified.last_change) - started,
+        writes=modified.changes,
+        requests=requests_by_kind(api) - before,
+        operator_cpu=cpu_seconds(pid),
+        rss_peak_kib=rss.peak,
+        reconciles=seen.get("reconciles", float("nan")),
+    )
+
+
+def _print_cold(cold: ColdStart, jobs: int, quiet: float) -> None:
+    mutating = {k: v for k, v in cold.requests.items() if k.split()[0] in MUTATING}
+    print(
+        f"cold start with {jobs} jobs: all observed after {cold.observed_seconds:.1f} s, "
+        f"steady (no write for {quiet:.0f} s) after {cold.steady_seconds:.1f} s; "
+        f"{cold.writes.total()} writes to the jobs, {sum(mutating.values())} mutating API "
+        f"requests (all clients), {cold.requests.total()} requests in all; operator CPU "
+        f"{cold.operator_cpu:.1f} s, RSS peak {cold.rss_peak_kib / 1024:.0f} MiB, "
+        f"{cold.reconciles:.0f} reconciles"
+    )
+    for fields, count in cold.writes.most_common(6):
+        print(f"    {count:6d}  {fields}")
+    for kind, count in cold.requests.most_common(8):
+        print(f"    {count:6d}  {kind}")
+
+
+MUTATING = ("POST", "PUT", "PATCH", "DELETE")
+
+
 def _print_burst(title: str, result: Burst, jobs: int) -> None:
     lat = result.latencies
     print(f"{title}: {jobs} created in {result.create_seconds:.1f} s")
@@ -382,8 +665,9 @@ def _print_burst(title: str, result: Burst, jobs: int) -> None:
         print(f"    {count / jobs:6.2f}  {kind}")
 
 
-def report(cairn: Burst, batch: Burst, window: Window | None, rss: PeakRss, jobs: int) -> None:
-    _print_burst("TrainingJobs (Cairn operator)", cairn, jobs)
+def report_ratio(cairn: Burst, batch: Burst, rss: PeakRss, jobs: int) -> None:
+    """The Job controller's burst and the ratio (each phase prints as it ends, so
+    a run cut short keeps what it measured)."""
     _print_burst("Indexed Jobs (Job controller)", batch, jobs)
     if cairn.latencies and batch.latencies:
         print(
@@ -393,22 +677,79 @@ def report(cairn: Burst, batch: Burst, window: Window | None, rss: PeakRss, jobs
             f"max {cairn.latencies[-1] / batch.latencies[-1]:.2f}"
         )
     print(f"operator RSS: {rss.idle / 1024:.0f} MiB before, {rss.peak / 1024:.0f} MiB peak")
+
+
+def report_window(window: Window, jobs: int) -> None:
+    minutes = window.seconds / 60
+    others = max(0, window.job_writes - window.writer_patches)
+    print(
+        f"idle window of {window.seconds:.0f} s, {window.writers} stand-in writers "
+        f"(a step a second, default budget): writer patches "
+        f"{window.writer_patches / window.writers / minutes:.2f} per writing job per "
+        f"minute; writes to the bench's jobs "
+        f"{window.job_writes / jobs / minutes:.2f} per job per minute, of which not the "
+        f"writers' {others / jobs / minutes:.2f}; status PATCHes on the whole server "
+        f"(every engineer's jobs) {window.status_patches / minutes:.0f} per minute; "
+        f"operator CPU {window.operator_cpu:.1f} s"
+    )
+    print("  writes to the bench's jobs by the fields they changed, per job per minute:")
+    for fields, count in window.job_changes.most_common(8):
+        print(f"    {count / jobs / minutes:6.2f}  {fields}")
+
+
+def summary(
+    *,
+    jobs: int,
+    cairn: Burst,
+    batch: Burst,
+    window: Window | None,
+    rss: PeakRss,
+    cold: ColdStart | None,
+) -> dict[str, Any]:
+    """The numbers of the docs' table, as one JSON-able dict."""
+    out: dict[str, Any] = {"jobs": jobs}
+    if cairn.latencies and batch.latencies:
+        out["cairn_p50_p95_max"] = [
+            round(statistics.median(cairn.latencies), 1),
+            round(cairn.quantile(0.95), 1),
+            round(cairn.latencies[-1], 1),
+        ]
+        out["job_p50_p95_max"] = [
+            round(statistics.median(batch.latencies), 1),
+            round(batch.quantile(0.95), 1),
+            round(batch.latencies[-1], 1),
+        ]
+        out["ratio_p50_p95"] = [
+            round(statistics.median(cairn.latencies) / statistics.median(batch.latencies), 2),
+            round(cairn.quantile(0.95) / batch.quantile(0.95), 2),
+        ]
+    out["rss_mib_before_peak"] = [round(rss.idle / 1024), round(rss.peak / 1024)]
+    out["cpu_s_cairn_job_window"] = [
+        round(cairn.operator_cpu, 1),
+        round(batch.operator_cpu, 1),
+        round(window.operator_cpu, 1) if window else None,
+    ]
+    out["requests_per_job_cairn_job"] = [
+        round(cairn.requests.total() / jobs, 1),
+        round(batch.requests.total() / jobs, 1),
+    ]
     if window is not None:
         minutes = window.seconds / 60
-        others = max(0, window.job_writes - window.writer_patches)
-        print(
-            f"idle window of {window.seconds:.0f} s, {window.writers} stand-in writers "
-            f"(a step a second, default budget): writer patches "
-            f"{window.writer_patches / window.writers / minutes:.2f} per writing job per "
-            f"minute; writes to the bench's jobs "
-            f"{window.job_writes / jobs / minutes:.2f} per job per minute, of which not the "
-            f"writers' {others / jobs / minutes:.2f}; status PATCHes on the whole server "
-            f"(every engineer's jobs) {window.status_patches / minutes:.0f} per minute; "
-            f"operator CPU {window.operator_cpu:.1f} s"
+        out["writer_writes_per_job_min"] = round(
+            window.writer_patches / window.writers / minutes, 2
         )
-        print("  writes to the bench's jobs by the fields they changed, per job per minute:")
-        for fields, count in window.job_changes.most_common(8):
-            print(f"    {count / jobs / minutes:6.2f}  {fields}")
+        others = max(0, window.job_writes - window.writer_patches)
+        out["other_writes_per_job_min"] = round(others / jobs / minutes, 2)
+    if cold is not None:
+        out["cold_observed_s"] = round(cold.observed_seconds, 1)
+        out["cold_steady_s"] = round(cold.steady_seconds, 1)
+        out["cold_writes"] = cold.writes.total()
+        out["cold_mutating_requests"] = sum(
+            v for k, v in cold.requests.items() if k.split()[0] in MUTATING
+        )
+        out["cold_cpu_s"] = round(cold.operator_cpu, 1)
+        out["cold_rss_mib"] = round(cold.rss_peak_kib / 1024)
+    return out
 
 
 def main() -> None:
@@ -418,15 +759,33 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--window", type=float, default=60, help="idle window, s (0: none)")
     parser.add_argument("--writers", type=int, default=200, help="stand-in writers in it")
+    parser.add_argument(
+        "--own-cluster",
+        action="store_true",
+        help="run on a second, control-plane-only devcluster (stop it with --cluster-down)",
+    )
+    parser.add_argument(
+        "--quiet", type=float, default=10.0, help="cold start: seconds without a write = steady"
+    )
+    parser.add_argument("--cluster-down", action="store_true", help="stop the own cluster, exit")
     args = parser.parse_args()
-    target = cluster.Cluster.default()
-    config.load_kube_config(str(target.state.admin_kubeconfig))
-    api = client.ApiClient(client.Configuration.get_default_copy())
-    api.configuration.connection_pool_maxsize = 32
+    if args.cluster_down:
+        cluster_down()
+        print("bench cluster stopped")
+        return
+    if args.own_cluster:
+        target = cluster_up()
+        api = bench_api_client(target)
+        pid = start_bench_operator(target)
+    else:
+        target = cluster.Cluster.default()
+        config.load_kube_config(str(target.state.admin_kubeconfig))
+        api = client.ApiClient(client.Configuration.get_default_copy())
+        api.configuration.connection_pool_maxsize = 32
+        demo.install_crd(api)
+        pid = operator_pid(target)
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     batch_api = client.BatchV1Api(api)
-    demo.install_crd(api)
-    pid = operator_pid(target)
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     rss = PeakRss(pid)
@@ -443,6 +802,8 @@ def main() -> None:
             timeout=args.timeout,
             **common,
         )
+        _print_burst("TrainingJobs (Cairn operator)", cairn, args.jobs)
+        print(f"operator RSS so far: {rss.idle / 1024:.0f} MiB before, {rss.peak / 1024:.0f} peak")
         window = None
         if args.window > 0 and args.writers > 0:
             window = idle_window(
@@ -452,6 +813,23 @@ def main() -> None:
                 seconds=args.window,
                 pid=pid,
             )
+            report_window(window, args.jobs)
+        rss.stop.set()
+        if not pathlib.Path(f"/proc/{pid}").exists():
+            print(f"WARNING: operator pid {pid} exited during the run: the numbers are not valid")
+        cold = None
+        if args.own_cluster:
+            cold = cold_start(
+                api=api,
+                namespace=namespace,
+                jobs=args.jobs,
+                bench=target,
+                quiet=args.quiet,
+                timeout=min(args.timeout, 600.0),
+            )
+            _print_cold(cold, args.jobs, args.quiet)
+            pid = start_bench_operator(target)
+            common["pid"] = pid
         batch_names = [f"batch-{i:04d}" for i in range(args.jobs)]
         batch = burst(
             label=BATCH_LABEL,
@@ -460,14 +838,31 @@ def main() -> None:
             timeout=args.timeout,
             **common,
         )
-        rss.stop.set()
-        report(cairn, batch, window, rss, args.jobs)
-        if not pathlib.Path(f"/proc/{pid}").exists():
-            print(f"WARNING: operator pid {pid} exited during the run: the numbers are not valid")
+        report_ratio(cairn, batch, rss, args.jobs)
+        print(
+            "SUMMARY "
+            + json.dumps(
+                summary(jobs=args.jobs, cairn=cairn, batch=batch, window=window, rss=rss, cold=cold)
+            )
+        )
     finally:
-        started = time.monotonic()
-        core.delete_namespace(namespace)
-        print(f"namespace {namespace} deleted ({time.monotonic() - started:.1f} s to request)")
+        teardown(api, namespace, timeout=args.timeout)
+
+
+def teardown(api: client.ApiClient, namespace: str, *, timeout: float) -> None:
+    """The TrainingJobs first (their pods go with them), then the namespace: a
+    namespace deletion alone removes the pods first, and the operator would
+    restart every job it sees lose its pods."""
+    started = time.monotonic()
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+    while time.monotonic() - started < timeout:
+        left = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, limit=1)
+        if not left["items"]:
+            break
+        time.sleep(2.0)
+    core.delete_namespace(namespace)
+    print(f"namespace {namespace} deleted ({time.monotonic() - started:.1f} s)")
 
 
 if __name__ == "__main__":

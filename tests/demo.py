@@ -41,6 +41,9 @@ STATUS_POLICY_PATH = REPO / "crds" / "cairn.dev_status-policy.yaml"
 """The ValidatingAdmissionPolicy + binding that confine the trainer's status
 writes; installed with the CRD, as the chart does."""
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
+QUICKSTART_RAY = REPO / "examples" / "quickstart-ray.yaml"
+EXAMPLES = {"torchrun": QUICKSTART, "ray": QUICKSTART_RAY}
+"""The quickstart per ``--runtime``."""
 RESTRICTED_NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "restricted"}
 NAMESPACE = "cairn-demo"
 GROUP, VERSION, PLURAL = "cairn.dev", "v1alpha1", "trainingjobs"
@@ -204,9 +207,11 @@ def prepare_namespace(
         core.replace_namespaced_secret("cairn-demo-s3", namespace, secret)
 
 
-def quickstart_manifest(target: cluster.Cluster, *, name: str) -> dict[str, Any]:
-    """examples/quickstart.yaml with the S3 endpoint as pods reach it here."""
-    body: dict[str, Any] = yaml.safe_load(QUICKSTART.read_text())
+def quickstart_manifest(
+    target: cluster.Cluster, *, name: str, path: pathlib.Path = QUICKSTART
+) -> dict[str, Any]:
+    """examples/quickstart.yaml (or ``path``) with the S3 endpoint as pods reach it here."""
+    body: dict[str, Any] = yaml.safe_load(path.read_text())
     body["metadata"]["name"] = name
     body["spec"]["checkpoint"]["upload"]["endpoint"] = target.s3_pod_endpoint
     return body
@@ -374,9 +379,17 @@ def s3_listing(target: cluster.Cluster, *, bucket: str, prefix: str) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__)
-    parser.add_argument("--name", default="quickstart")
+    parser.add_argument("--name", default=None, help="default: the example's name")
     parser.add_argument("--no-kill", action="store_true", help="do not kill a rank")
+    parser.add_argument(
+        "--runtime",
+        choices=sorted(EXAMPLES),
+        default="torchrun",
+        help="ray: examples/quickstart-ray.yaml (a Ray head and a worker pod; the killed "
+        "rank is the worker pod's process, so the gang restarts)",
+    )
     args = parser.parse_args(argv)
+    example = EXAMPLES[args.runtime]
     target = cluster.Cluster.default()
     try:
         say("bringing up the devcluster")
@@ -387,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         api_client = config.new_client_from_config(config_file=str(target.state.admin_kubeconfig))
         install_crd(api_client)
         say("CRD trainingjobs.cairn.dev installed")
-        manifest = yaml.safe_load(QUICKSTART.read_text())
+        manifest = yaml.safe_load(example.read_text())
+        args.name = args.name or manifest["metadata"]["name"]
         uri = manifest["spec"]["checkpoint"]["upload"]["uri"]
         bucket, prefix = checkpointspec.split_s3_uri(uri)
         prepare_namespace(api_client=api_client, target=target, namespace=NAMESPACE, bucket=bucket)
@@ -396,12 +410,12 @@ def main(argv: list[str] | None = None) -> int:
             say(f"removed {cleared} objects of a previous demo run from s3://{bucket}/{prefix}")
         start_operator(target)
         say(f"operator running (log: {target.state.log(OPERATOR)})")
-        say(f"applying examples/quickstart.yaml as {NAMESPACE}/{args.name}")
+        say(f"applying examples/{example.name} as {NAMESPACE}/{args.name}")
         started = time.monotonic()
         job = run_job(
             api_client=api_client,
             namespace=NAMESPACE,
-            body=quickstart_manifest(target, name=args.name),
+            body=quickstart_manifest(target, name=args.name, path=example),
             kill_rank_after_commit=None if args.no_kill else 10,
             on_row=lambda row: say(row.line()),
         )

@@ -30,6 +30,17 @@ CONFIG_ERROR_REASON = "ConfigurationError"
 """The job's ``Failed`` condition reason when a rank exits with ``CONFIG_ERROR``."""
 
 
+FOLLOWS_HEAD_REASON = "FollowsHead"
+"""Runtime ray: a worker pod that stopped because the head announced a failed
+driver writes ``FollowsHead: …`` as its termination message; the operator
+takes the head's failure as the attempt's root cause, not the worker's."""
+
+
+def follows_head(termination_message: str) -> bool:
+    """Whether a Ray worker's failure only echoes the head's (see FOLLOWS_HEAD_REASON)."""
+    return termination_message.lstrip().startswith(f"{FOLLOWS_HEAD_REASON}:")
+
+
 def is_config_error(exit_code: int | None, termination_message: str) -> bool:
     """Whether a terminated trainer container reported a configuration error. Pure.
 

@@ -5,7 +5,10 @@ schema is generated from it (``cairn.api.crdgen``). Ownership: the operator
 writes phase, attempt, restarts, times, lastFailure, conditions and
 ``storage`` (what it verified and deleted in S3); the writer on rank 0 writes
 ``step`` and ``checkpoints`` with its own field manager, and neither side
-writes the other's fields. Models ignore unknown fields, so an
+writes the other's fields. ``ray`` (runtime ``ray`` only) is the driver's
+(it runs on rank 0, the head pod), except ``ray.group``, which the operator
+sets to 0 when it starts a new attempt, and ``ray.announcedInPlaceRestarts``,
+its record of the ``InPlaceRestart`` Events it posted. Models ignore unknown fields, so an
 older operator tolerates a newer writer.
 """
 
@@ -272,6 +275,42 @@ class Progress(_StatusModel):
     time: datetime.datetime = pydantic.Field(description="When it was first seen.")
 
 
+class InPlaceRestart(_StatusModel):
+    """The Ray driver's last in-place recovery (a new rank-actor group, same pods)."""
+
+    time: datetime.datetime | None = pydantic.Field(default=None, description="When it began.")
+    reason: str = pydantic.Field(
+        default="", max_length=1024, description="Why the group was replaced (the dead actor)."
+    )
+    from_step: int | None = pydantic.Field(
+        default=None, ge=0, description="The committed step the new group restores (null: none)."
+    )
+
+
+class RayStatus(_StatusModel):
+    """Runtime ``ray``: the rank-actor group the driver on the head pod runs."""
+
+    group: int | None = pydantic.Field(
+        default=None,
+        ge=0,
+        description="Generation of the rank-actor group within the current attempt "
+        "(the operator sets 0 on a new attempt; the driver bumps it before it starts a "
+        "new group).",
+    )
+    in_place_restarts: int | None = pydantic.Field(
+        default=None, ge=0, description="In-place restarts over the job's life (the driver's)."
+    )
+    last_in_place_restart: InPlaceRestart | None = pydantic.Field(
+        default=None, description="The most recent in-place restart."
+    )
+    announced_in_place_restarts: int | None = pydantic.Field(
+        default=None,
+        ge=0,
+        description="The operator's record: inPlaceRestarts it has posted an InPlaceRestart "
+        "Event for.",
+    )
+
+
 class TrainingJobStatus(_StatusModel):
     """Observed state. Operator: phase, attempt, restarts, times, conditions, storage.
     Writer (rank 0): step, checkpoints."""
@@ -314,6 +353,9 @@ class TrainingJobStatus(_StatusModel):
     )
     storage: StorageStatus | None = pydantic.Field(
         default=None, description="What the operator verified and deleted in S3."
+    )
+    ray: RayStatus | None = pydantic.Field(
+        default=None, description="Runtime ray: the driver's rank-actor group and its restarts."
     )
     conditions: list[Condition] | None = pydantic.Field(
         default=None,

@@ -72,6 +72,26 @@ LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 
 MASTER_PORT_DEFAULT = 29500
 
+# --- runtime ray (spec.runtime: ray) -------------------------------------------
+RUNTIME = "CAIRN_RUNTIME"
+"""``torchrun`` or ``ray``: ``spec.runtime``."""
+RAY_PORT = "CAIRN_RAY_PORT"
+"""The head's GCS port; the head's address is ``CAIRN_MASTER_ADDR``."""
+RAY_NUM_CPUS = "CAIRN_RAY_NUM_CPUS"
+RAY_NUM_GPUS = "CAIRN_RAY_NUM_GPUS"
+RAY_OBJECT_STORE_BYTES = "CAIRN_RAY_OBJECT_STORE_BYTES"
+RAY_VERSION = "CAIRN_RAY_VERSION"
+"""The ``ray.__version__`` the job needs (``spec.ray.version``); unset: not checked."""
+RAY_MAX_INPLACE_RESTARTS = "CAIRN_RAY_MAX_INPLACE_RESTARTS"
+POD_IP = "CAIRN_POD_IP"
+"""The pod's own address (``status.podIP``): the Ray node's ``--node-ip-address``."""
+RAY_PORT_DEFAULT = 6379
+RAY_TEMP_DIR = "/tmp/ray"
+"""Ray's ``--temp-dir``: an emptyDir of the pod's own (short, so Ray's Unix
+sockets stay under the 107-byte path limit, and never shared between pods)."""
+RAYNODE_MODULE = "cairn.trainer.raynode"
+"""``python -m cairn.trainer.raynode -- <command>``: the operator prepends it."""
+
 # --- the resume target ---------------------------------------------------------
 ResumeKind = Literal["latest", "none", "step", "uri"]
 

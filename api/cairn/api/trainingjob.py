@@ -39,9 +39,15 @@ MAX_NAME_LENGTH = 45
 
 RESERVED_ENV_PREFIX = "CAIRN_"
 CHECKPOINT_VOLUME_NAME = "cairn-checkpoints"
+RAY_VOLUME_NAME = "cairn-ray"
+"""Runtime ray: the pod's emptyDir for Ray's temp dir (reserved like the checkpoint volume)."""
 
 
 FinishedPods = Literal["Keep", "Delete"]
+Runtime = Literal["torchrun", "ray"]
+RAY_MIN_OBJECT_STORE_BYTES = 75 * 1024 * 1024
+"""``ray start`` refuses a smaller ``--object-store-memory``."""
+RAY_VERSION_PATTERN = r"^[0-9]+[.][0-9]+[.][0-9]+([-.+a-zA-Z0-9]*)?$"
 
 DEFAULT_STARTUP_DEADLINE_SECONDS = 600
 DEFAULT_MAX_PREEMPTIONS = 20
@@ -191,6 +197,11 @@ class PodTemplateOverlay(schema.SpecModel):
                 f"the volume name {CHECKPOINT_VOLUME_NAME} is reserved",
                 ".volumes",
             ),
+            (
+                f"!has(self.volumes) || self.volumes.all(v, v.name != '{RAY_VOLUME_NAME}')",
+                f"the volume name {RAY_VOLUME_NAME} is reserved",
+                ".volumes",
+            ),
         )
     )
 
@@ -261,6 +272,8 @@ class PodTemplateOverlay(schema.SpecModel):
     def _check(self) -> Self:
         if any(v.name == CHECKPOINT_VOLUME_NAME for v in self.volumes or ()):
             raise ValueError(f"the volume name {CHECKPOINT_VOLUME_NAME} is reserved")
+        if any(v.name == RAY_VOLUME_NAME for v in self.volumes or ()):
+            raise ValueError(f"the volume name {RAY_VOLUME_NAME} is reserved")
         return self
 
 
@@ -326,7 +339,39 @@ class CleanupPolicy(schema.SpecModel):
     )
 
 
+class RaySpec(schema.SpecModel):
+    """Runtime ``ray``: how each pod starts its Ray node (``ray start``)."""
+
+    version: str | None = pydantic.Field(
+        default=None,
+        max_length=64,
+        pattern=RAY_VERSION_PATTERN,
+        description="The Ray version the job needs, e.g. 2.60.0: a pod whose ray differs "
+        "exits 78 (ConfigurationError) before it starts Ray. Unset: not checked.",
+    )
+    num_cpus: int | None = pydantic.Field(
+        default=None, ge=0, le=4096, description="CPUs per node for Ray (ray start --num-cpus)."
+    )
+    num_gpus: int | None = pydantic.Field(
+        default=None, ge=0, le=64, description="GPUs per node for Ray (ray start --num-gpus)."
+    )
+    object_store_memory_bytes: int | None = pydantic.Field(
+        default=None,
+        ge=RAY_MIN_OBJECT_STORE_BYTES,
+        description="Object store size per node (ray start --object-store-memory).",
+    )
+    max_in_place_restarts: int = pydantic.Field(
+        default=3,
+        ge=0,
+        le=1000,
+        description="In-place restarts (a new rank-actor group in the same pods) per attempt "
+        "before the driver gives up and the operator restarts the pods.",
+    )
+
+
 RUN_DEFINING_FIELDS: tuple[str, ...] = (
+    "runtime",
+    "ray",
     "nodes",
     "procsPerNode",
     "image",
@@ -339,6 +384,7 @@ RUN_DEFINING_FIELDS: tuple[str, ...] = (
 )
 """Spec fields that shape the running pods: immutable unless suspended."""
 
+_IS_RAY = "(has(self.runtime) && self.runtime == 'ray')"
 _SUSPENDED = "(has(self.suspend) && self.suspend) || (has(oldSelf.suspend) && oldSelf.suspend)"
 
 
@@ -366,6 +412,16 @@ class TrainingJobSpec(schema.SpecModel):
                 ".managedBy",
             ),
             *(_immutable_while_running(f) for f in RUN_DEFINING_FIELDS),
+            (
+                f"!has(self.ray) || {_IS_RAY}",
+                "spec.ray is allowed only with runtime: ray",
+                ".ray",
+            ),
+            (
+                f"!({_IS_RAY}) || has(self.command)",
+                "runtime: ray needs spec.command (the operator runs it under the Ray launcher)",
+                ".command",
+            ),
         )
     )
 
@@ -379,6 +435,14 @@ class TrainingJobSpec(schema.SpecModel):
         pattern=MANAGED_BY_PATTERN,
         description="The controller that reconciles this job, a domain-prefixed path; "
         f"unset or {CONTROLLER_NAME} means Cairn. Immutable.",
+    )
+    runtime: Runtime = pydantic.Field(
+        default="torchrun",
+        description="torchrun: the command runs in every pod. ray: rank 0 is a Ray head, "
+        "the other pods Ray workers, and the command is the driver run on the head.",
+    )
+    ray: RaySpec | None = pydantic.Field(
+        default=None, description="Runtime ray: the Ray nodes' settings."
     )
     nodes: int = pydantic.Field(default=1, ge=1, le=1024, description="Pods, one per node rank.")
     procs_per_node: int = pydantic.Field(default=1, ge=1, le=64, description="--nproc-per-node.")
@@ -451,6 +515,21 @@ class TrainingJobSpec(schema.SpecModel):
         if dupes:
             raise ValueError(f"duplicate env names: {', '.join(dupes)}")
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _check_runtime(self) -> Self:
+        if self.ray is not None and self.runtime != "ray":
+            raise ValueError("spec.ray is allowed only with runtime: ray")
+        if self.runtime == "ray" and self.command is None:
+            raise ValueError(
+                "runtime: ray needs spec.command (the operator runs it under the Ray launcher)"
+            )
+        return self
+
+    @property
+    def ray_settings(self) -> RaySpec:
+        """``spec.ray`` or its defaults (meaningful for runtime ray only)."""
+        return self.ray or RaySpec()
 
     @property
     def managed_by_cairn(self) -> bool:
@@ -541,6 +620,7 @@ Phase = jobstatus.Phase
 PHASES = jobstatus.PHASES
 TERMINAL_PHASES = jobstatus.TERMINAL_PHASES
 Condition = jobstatus.Condition
+RayStatus = jobstatus.RayStatus
 CommittedCheckpoint = jobstatus.CommittedCheckpoint
 UploadedCheckpoint = jobstatus.UploadedCheckpoint
 InFlightCheckpoint = jobstatus.InFlightCheckpoint

@@ -7,18 +7,22 @@ toolchain, an unreachable module proxy or a failed compile each end in one
 `DevclusterError` line naming the log to read.
 """
 
+import contextlib
 import dataclasses
+import fcntl
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 from cairn.devcluster import errors, paths
 
 KUBERNETES_VERSION = "v1.34.3"
 ETCD_VERSION = "v3.6.16"
+KUEUE_VERSION = "v0.19.2"
 GOMOD_DIR = pathlib.Path(__file__).resolve().parents[2] / "gomod"
 MIN_GO = (1, 26)
 
@@ -79,7 +83,15 @@ ETCD = Bundle(
     packages=("cairn.dev/devcluster/etcd",),
     ldflags="-s -w",
 )
-BUNDLES = (ETCD, KUBERNETES)
+KUEUE = Bundle(
+    name="kueue",
+    version=KUEUE_VERSION,
+    module_dir=GOMOD_DIR / "kueue",
+    packages=("sigs.k8s.io/kueue/cmd/kueue",),
+    # Kueue logs this at start; without it it says v0.0.0-main.
+    ldflags=f"-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion={KUEUE_VERSION}",
+)
+BUNDLES = (ETCD, KUBERNETES, KUEUE)
 
 
 def is_built(bundle: Bundle) -> bool:
@@ -107,10 +119,29 @@ def _check_go() -> str:
     return go
 
 
+@contextlib.contextmanager
+def _build_lock(bundle: Bundle) -> Iterator[None]:
+    """One build of a bundle at a time across processes (bootstrap, tests, `up`):
+    two would share, and delete, the same staging directory."""
+    bundle.bin_dir.parent.mkdir(parents=True, exist_ok=True)
+    with bundle.bin_dir.with_name(bundle.bin_dir.name + ".lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def build(bundle: Bundle, *, log: pathlib.Path) -> float:
     """Build `bundle` into its cache dir unless already there; return seconds spent."""
     if is_built(bundle):
         return 0.0
+    with _build_lock(bundle):
+        # Another process may have finished it while this one waited.
+        return 0.0 if is_built(bundle) else _build(bundle, log=log)
+
+
+def _build(bundle: Bundle, *, log: pathlib.Path) -> float:
     go = _check_go()
     staging = bundle.bin_dir.with_name(bundle.bin_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)

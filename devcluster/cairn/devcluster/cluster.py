@@ -4,8 +4,10 @@
 ports, then starts etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler, the S3 server and the node agent, each tracked by a pidfile,
 and waits (bounded) until the API is ready, the nodes are Ready and the
-`default` ServiceAccount exists. `down` stops exactly those processes by PID
-and removes what they left outside the state directory.
+`default` ServiceAccount exists; `up(with_kueue=True)` then starts Kueue
+(`kueue.up`). `down` stops exactly those processes (and the on-demand ones:
+the operator, Kueue) by PID and removes what they left outside the state
+directory.
 """
 
 import contextlib
@@ -25,7 +27,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cairn.devcluster import build, controlplane, errors, network, paths, pki, processes, s3
+from cairn.devcluster import build, controlplane, errors, kueue, network, paths, pki, processes, s3
 
 # Start order; `down` stops in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "s3", "agent")
@@ -69,6 +71,10 @@ class Cluster:
     def s3_credentials(self) -> s3.S3Credentials:
         return s3.ensure_credentials(self.state.s3_data)
 
+    def kueue_up(self, *, timeout: float = kueue.READY_TIMEOUT_SECONDS) -> kueue.KueueReport:
+        """Start Kueue on this running cluster (idempotent, bounded); see `kueue.up`."""
+        return kueue.up(self, timeout=timeout)
+
     def s3_client(self) -> Any:
         """A boto3 S3 client of this cluster's server, with its keys (from this host)."""
         import boto3  # only the callers that talk to S3 pay for it
@@ -88,6 +94,7 @@ class UpReport:
     build_seconds: dict[str, float]
     ready_seconds: float
     already_running: bool
+    kueue_report: kueue.KueueReport | None = None
 
 
 def _tracked(cluster: Cluster) -> dict[str, processes.Tracked | None]:
@@ -122,7 +129,7 @@ def _check_ports(cluster: Cluster) -> None:
         )
 
 
-def _admin_ssl_context(cluster: Cluster) -> ssl.SSLContext:
+def admin_ssl_context(cluster: Cluster) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(cluster.state.pki / "ca.crt"))
     ctx.load_cert_chain(str(cluster.state.pki / "admin.crt"), str(cluster.state.pki / "admin.key"))
     return ctx
@@ -133,7 +140,7 @@ def api_get(cluster: Cluster, path: str, *, timeout: float = 5.0) -> tuple[int, 
     request = urllib.request.Request(cluster.server + path)
     try:
         with urllib.request.urlopen(
-            request, timeout=timeout, context=_admin_ssl_context(cluster)
+            request, timeout=timeout, context=admin_ssl_context(cluster)
         ) as resp:
             return int(resp.status), bytes(resp.read())
     except urllib.error.HTTPError as exc:
@@ -256,14 +263,19 @@ def _exclusive(cluster: Cluster) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def up(cluster: Cluster) -> UpReport:
+def up(cluster: Cluster, *, with_kueue: bool = False) -> UpReport:
     with _exclusive(cluster):
         try:
-            return _up(cluster)
+            report = _up(cluster)
         except BaseException:
             # Leave nothing half-started behind a failed or interrupted `up`.
             _down(cluster)
             raise
+    if with_kueue:
+        # Outside the cluster's lock and its clean-up: a Kueue that fails to
+        # start leaves the running cluster as it was, with the error to read.
+        report = dataclasses.replace(report, kueue_report=kueue.up(cluster))
+    return report
 
 
 def _up(cluster: Cluster) -> UpReport:
@@ -346,8 +358,18 @@ def _s3_command(cluster: Cluster) -> list[str]:
     )
 
 
-# Started on demand (the demo, e2e tests), stopped by `down` first when present.
-OPTIONAL_COMPONENTS = ("operator",)
+# Started on demand (the demo, e2e tests, `up --with-kueue`), stopped by `down`
+# first when present.
+OPTIONAL_COMPONENTS = ("operator", kueue.COMPONENT)
+
+
+def optional_components(cluster: Cluster) -> dict[str, bool]:
+    """Which on-demand components run; they never make the cluster count as down."""
+    return {
+        name: tracked is not None and processes.is_alive(tracked)
+        for name in OPTIONAL_COMPONENTS
+        for tracked in [processes.read_pidfile(cluster.state.pidfile(name))]
+    }
 
 
 def down(cluster: Cluster, *, purge: bool = False) -> None:

@@ -190,3 +190,22 @@ def ensure(pki: pathlib.Path) -> None:
             usage=ExtendedKeyUsageOID.CLIENT_AUTH,
         )
     _ensure_service_account_keys(pki)
+
+
+def ensure_serving(
+    pki: pathlib.Path, *, stem: str, common_name: str, ips: tuple[str, ...], dns: tuple[str, ...]
+) -> None:
+    """A serving certificate `<stem>.crt`/`.key` signed by the cluster's CA, once.
+
+    For servers the API server calls (Kueue's webhook on loopback): the CA is
+    the caBundle the webhook configurations name, so nothing else is trusted.
+    """
+    ensure(pki)
+    _issue(
+        pki=pki,
+        stem=stem,
+        subject=_name(common_name),
+        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        dns=dns,
+        ips=ips,
+    )

@@ -9,6 +9,12 @@ that may only get/patch this one TrainingJob's status (``resourceNames``), its
 RoleBinding, and the headless Service that gives each rank a DNS name.
 Per attempt: one Pod per node rank.
 
+Runtime ``ray`` (docs/ray.md): the same pods, names, gang and Service; rank 0
+is the Ray head, the other ranks Ray workers. The container runs
+``python -m cairn.trainer.raynode -- <command> <args>`` (the launcher starts
+the Ray node and, on the head, runs the user's command as the driver), gets
+the ``CAIRN_RAY_*`` env and an emptyDir at ``/tmp/ray`` for Ray's temp dir.
+
 Pods meet the ``restricted`` Pod Security Standard by default (non-root,
 RuntimeDefault seccomp, no privilege escalation, every capability dropped);
 the overlay's ``securityContext``/``containerSecurityContext`` merge over those
@@ -27,6 +33,9 @@ POD_SECURITY_DEFAULTS: dict[str, Any] = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 """The restricted profile's pod-level requirements (the image's USER is non-root)."""
+RAY_PORT_NAME = "ray-gcs"
+RAY_VOLUME_NAME = trainingjob.RAY_VOLUME_NAME
+
 CONTAINER_SECURITY_DEFAULTS: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
@@ -133,6 +142,14 @@ def role_binding(job: trainingjob.TrainingJob) -> k8stypes.RoleBinding:
     }
 
 
+def _ports(job: trainingjob.TrainingJob) -> list[tuple[str, int]]:
+    """(name, port) the pods listen on: c10d, plus the head's GCS for runtime ray."""
+    ports = [(names.PORT_NAME, podenv.MASTER_PORT_DEFAULT)]
+    if job.spec.runtime == "ray":
+        ports.append((RAY_PORT_NAME, podenv.RAY_PORT_DEFAULT))
+    return ports
+
+
 def service(job: trainingjob.TrainingJob) -> k8stypes.Service:
     """Headless; publishes not-ready pods so rank 0 resolves before it is Ready."""
     return {
@@ -148,12 +165,8 @@ def service(job: trainingjob.TrainingJob) -> k8stypes.Service:
             "publishNotReadyAddresses": True,
             "selector": names.job_selector(job.metadata.name),
             "ports": [
-                {
-                    "name": names.PORT_NAME,
-                    "port": podenv.MASTER_PORT_DEFAULT,
-                    "targetPort": podenv.MASTER_PORT_DEFAULT,
-                    "protocol": "TCP",
-                }
+                {"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}
+                for port_name, port in _ports(job)
             ],
         },
     }
@@ -190,6 +203,7 @@ def pod_env(
         _value(podenv.NODE_RANK, rank),
         _value(podenv.NNODES, spec.nodes),
         _value(podenv.NPROC_PER_NODE, spec.procs_per_node),
+        _value(podenv.RUNTIME, spec.runtime),
         _value(podenv.MASTER_ADDR_CAIRN, master),
         _value(podenv.MASTER_PORT_CAIRN, port),
         _value(podenv.PET_NNODES, spec.nodes),
@@ -217,6 +231,8 @@ def pod_env(
         _value(podenv.REPORT_STATUS, 1 if rank == 0 else 0),
         _value(podenv.STATUS_INTERVAL_SECONDS, ckpt.status_interval_seconds),
     ]
+    if spec.runtime == "ray":
+        env += ray_env(spec.ray_settings)
     if ckpt.interval_steps is not None:
         env.append(_value(podenv.CHECKPOINT_INTERVAL_STEPS, ckpt.interval_steps))
     if ckpt.interval_seconds is not None:
@@ -250,6 +266,33 @@ def pod_env(
             entry["value"] = user.value or ""
         env.append(entry)
     return env
+
+
+def ray_env(ray: trainingjob.RaySpec) -> list[k8stypes.EnvVar]:
+    """The launcher's settings (``cairn.trainer.raynode``); unset fields stay unset."""
+    env: list[k8stypes.EnvVar] = [
+        {"name": podenv.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        _value(podenv.RAY_PORT, podenv.RAY_PORT_DEFAULT),
+        _value(podenv.RAY_MAX_INPLACE_RESTARTS, ray.max_in_place_restarts),
+    ]
+    optional: tuple[tuple[str, str | int | None], ...] = (
+        (podenv.RAY_NUM_CPUS, ray.num_cpus),
+        (podenv.RAY_NUM_GPUS, ray.num_gpus),
+        (podenv.RAY_OBJECT_STORE_BYTES, ray.object_store_memory_bytes),
+        (podenv.RAY_VERSION, ray.version),
+    )
+    env += [_value(name, value) for name, value in optional if value is not None]
+    return env
+
+
+def container_command(spec: trainingjob.TrainingJobSpec) -> list[str] | None:
+    """The user's command, under the Ray launcher for runtime ray (its args follow
+    it unchanged, so the launcher sees ``-- <command> <args>``)."""
+    if spec.command is None:
+        return None
+    if spec.runtime == "ray":
+        return ["python", "-m", podenv.RAYNODE_MODULE, "--", *spec.command]
+    return list(spec.command)
 
 
 def _checkpoint_volume(job: trainingjob.TrainingJob) -> dict[str, object]:
@@ -297,19 +340,18 @@ def pod(
         "terminationMessagePath": exitcodes.TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "ports": [
-            {
-                "name": names.PORT_NAME,
-                "containerPort": podenv.MASTER_PORT_DEFAULT,
-                "protocol": "TCP",
-            }
+            {"name": port_name, "containerPort": port, "protocol": "TCP"}
+            for port_name, port in _ports(job)
         ],
         "volumeMounts": [
             _checkpoint_mount(job),
+            *_ray_mounts(job),
             *(m.model_dump(by_alias=True) for m in overlay.volume_mounts or ()),
         ],
     }
-    if spec.command is not None:
-        container["command"] = list(spec.command)
+    command = container_command(spec)
+    if command is not None:
+        container["command"] = command
     if spec.args is not None:
         container["args"] = list(spec.args)
     if spec.resources is not None:
@@ -328,6 +370,7 @@ def pod(
         "containers": [container],
         "volumes": [
             _checkpoint_volume(job),
+            *_ray_volumes(job),
             *(v.model_dump(by_alias=True) for v in overlay.volumes or ()),
         ],
     }
@@ -345,6 +388,18 @@ def pod(
         pod_spec["imagePullSecrets"] = [dict(s) for s in overlay.image_pull_secrets]
     _scheduling_extras(pod_spec, overlay)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _ray_mounts(job: trainingjob.TrainingJob) -> list[k8stypes.VolumeMount]:
+    if job.spec.runtime != "ray":
+        return []
+    return [{"name": RAY_VOLUME_NAME, "mountPath": podenv.RAY_TEMP_DIR}]
+
+
+def _ray_volumes(job: trainingjob.TrainingJob) -> list[dict[str, object]]:
+    if job.spec.runtime != "ray":
+        return []
+    return [{"name": RAY_VOLUME_NAME, "emptyDir": {}}]
 
 
 def _restricted(container: dict[str, Any]) -> dict[str, Any]:

@@ -1,38 +1,45 @@
-"""kopf handlers: one serialized reconcile loop per TrainingJob.
+"""kopf handlers: one serialized reconcile loop per live TrainingJob.
 
-The only module that imports kopf. Each TrainingJob gets a daemon that runs
-``observe -> plan.plan() -> effects.apply()`` and then sleeps until something
-kicks it (a change of the job, a change of one of its pods) or until the
-plan's ``requeue_after`` (at most ``RESYNC_SECONDS``). One daemon per job
-means reconciles of a job never overlap. Pods are watched once, for every
-job, through the ``cairn.dev/job-name`` label and kept in a kopf index
-already reduced to ``observe.ObservedPod``. The index is only a cache: kopf
-drops a pod on a DELETED event, and a watch that broke and re-listed never
-sends one for a pod deleted in the gap. So on every timed wake-up (resync,
-requeue) and after a delete found a pod already gone (404), the loop lists
-the job's pods from the API by label selector and plans from that list;
-pods the list showed gone are hidden from later index reads (``_PodTruth``).
+The only module that imports kopf. Each TrainingJob that is not Succeeded or
+Failed gets a daemon (kopf ``when=`` filter) that runs ``observe ->
+plan.plan() -> effects.apply()`` and then sleeps until something kicks it (a
+change of the job, a change of one of its pods) or until the plan's
+``requeue_after`` (at most ``tunables.Reconcile.resync_seconds``). One daemon
+per job means reconciles of a job never overlap. A job that finished loses
+its daemon (kopf stops it when the filter turns false); what is left to do
+for it (stopping its pods, ``cleanup.finishedPods``, its Kueue Workload) is
+one reconcile from one shared task (``_Finished``) whenever the job or one
+of its pods changes. Pods are watched once, for every job, through the
+``cairn.dev/job-name`` label and kept in a kopf index already reduced to
+``observe.ObservedPod``. The index is only a cache: kopf drops a pod on a
+DELETED event, and a watch that broke and re-listed never sends one for a
+pod deleted in the gap. So on every timed wake-up (resync, requeue) and after
+a delete found a pod already gone (404), the loop lists the job's pods from
+the API by label selector and plans from that list; pods the list showed
+gone are hidden from later index reads (``_PodTruth``).
 
-A second daemon per job runs the S3 pass (``storage.storage_pass``:
-verification, remote retention, ``status.storage``) every
-``tunables.StorageLoop.interval_seconds`` when ``spec.checkpoint.upload`` is set, and
-within a second of the writer reporting a new ``lastUploaded`` step. The
-deletion handler applies ``onDelete: Delete`` before kopf releases the
-finalizer, bounded: after ``cleanup_attempts`` failures it posts
-``CleanupFailed`` and lets the deletion complete.
+The S3 pass (``s3pass.storage_pass``: verification, remote retention,
+``status.storage``) of every job runs from one scheduler task
+(``s3loop.S3Loop``): live jobs with ``spec.checkpoint.upload`` every
+``tunables.StorageLoop.interval_seconds`` and within a second of the writer
+reporting a new ``lastUploaded`` step, finished jobs once. The deletion
+handler applies ``onDelete: Delete`` before kopf releases the finalizer,
+bounded: after ``cleanup_attempts`` failures it posts ``CleanupFailed`` and
+lets the deletion complete.
 
 Run: ``kopf run -m cairn.operator.handlers --all-namespaces``.
 """
 
 import asyncio
 import concurrent.futures
-import contextlib
 import copy
 import datetime
 import functools
+import json
 import logging
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import kopf
@@ -40,26 +47,29 @@ from kubernetes import client, config
 from kubernetes.client import exceptions as k8s_exceptions
 from kubernetes.config import config_exception
 
-from cairn.api import trainingjob
+from cairn.api import jobstatus, trainingjob
 from cairn.operator import (
     effects,
     k8stypes,
+    kueue,
+    kueuesync,
     metrics,
     names,
     observe,
     plan,
     prefixowner,
-    s3store,
-    storage,
+    s3loop,
+    s3observe,
+    s3pass,
     ttl,
     tunables,
 )
 
 LOG = logging.getLogger(__name__)
-RESYNC_SECONDS = 60.0
-ERROR_RETRY_SECONDS = 5.0
 FINALIZER = "cairn.dev/finalizer"
-STORAGE = tunables.DEFAULT.storage
+SETTINGS = tunables.DEFAULT
+RECONCILE = SETTINGS.reconcile
+STORAGE = SETTINGS.storage
 # S3 work runs in its own threads: a slow or unreachable store (botocore
 # retries, timeouts) never takes the threads the reconcile loops use.
 _storage_pool = concurrent.futures.ThreadPoolExecutor(
@@ -73,9 +83,20 @@ async def _in_storage_thread(call: Callable[..., _T], /, *args: Any, **kwargs: A
     return await loop.run_in_executor(_storage_pool, functools.partial(call, *args, **kwargs))
 
 
-_kicks: dict[tuple[str, str], asyncio.Event] = {}
-_storage_kicks: dict[tuple[str, str], asyncio.Event] = {}
-_uploaded_seen: dict[tuple[str, str], int | None] = {}
+Key = tuple[str, str]
+_kicks: dict[Key, asyncio.Event] = {}
+_locks: dict[Key, asyncio.Lock] = {}
+"""One per job: a finished job's reconcile waits for its stopping daemon's."""
+
+
+def _lock(key: Key) -> asyncio.Lock:
+    return _locks.setdefault(key, asyncio.Lock())
+
+
+def finished(raw: Mapping[str, Any]) -> bool:
+    """Whether the job is Succeeded or Failed (its status says so). Pure."""
+    status = raw.get("status")
+    return isinstance(status, Mapping) and status.get("phase") in jobstatus.TERMINAL_PHASES
 
 
 def clock() -> datetime.datetime:
@@ -84,9 +105,12 @@ def clock() -> datetime.datetime:
 
 
 def _kick(namespace: str | None, name: str | None) -> None:
-    event = _kicks.get((namespace or "", name or ""))
+    key = (namespace or "", name or "")
+    event = _kicks.get(key)
     if event is not None:
         event.set()
+    else:
+        FINISHED.enqueue(key)  # a finished job has no daemon to wake
 
 
 @kopf.on.startup()
@@ -105,7 +129,28 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         config.load_incluster_config()
     except config_exception.ConfigException:
         config.load_kube_config()
-    memo["api"] = client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = RECONCILE.api_threads
+    memo["api"] = client.ApiClient(configuration)
+    # Every job's blocking API calls (asyncio.to_thread) share the loop's default
+    # executor; its default size (cores + 4) queues a burst of reconciles behind
+    # each other, though they mostly wait on the API server.
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(
+            max_workers=RECONCILE.api_threads, thread_name_prefix="cairn-api"
+        )
+    )
+    memo["tasks"] = [
+        asyncio.create_task(S3_LOOP.run(), name="cairn S3 passes"),
+        asyncio.create_task(FINISHED.run(), name="cairn finished jobs"),
+    ]
+    S3_API.append(memo["api"])
+
+
+@kopf.on.cleanup()
+async def stop_shared_tasks(memo: kopf.Memo, **_: Any) -> None:
+    for task in memo.get("tasks", ()):
+        task.cancel()
 
 
 @kopf.index("pods", labels={names.LABEL_JOB: kopf.PRESENT})
@@ -123,30 +168,38 @@ async def pod_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> N
     _kick(namespace, labels.get(names.LABEL_JOB))
 
 
-def _uploaded_step(body: Any) -> int | None:
-    try:
-        step = body["status"]["checkpoints"]["lastUploaded"]["step"]
-    except (KeyError, TypeError):
-        return None
-    return step if isinstance(step, int) else None
+@kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.PLURAL, labels={names.LABEL_JOB: kopf.PRESENT})
+async def workload_changed(namespace: str | None, body: kopf.Body, **_: Any) -> None:
+    """A queued job's Workload changed (admitted, evicted...): reconcile its owner."""
+    for owner in body.get("metadata", {}).get("ownerReferences") or ():
+        if owner.get("kind") == trainingjob.KIND and owner.get("controller"):
+            _kick(namespace, owner.get("name"))
 
 
 @kopf.on.event(trainingjob.GROUP, trainingjob.VERSION, trainingjob.PLURAL)
 async def job_changed(
-    namespace: str | None, name: str | None, type: str | None, body: kopf.Body, **_: Any
+    namespace: str | None,
+    name: str | None,
+    type: str | None,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    **kwargs: Any,
 ) -> None:
-    _kick(namespace, name)
     key = (namespace or "", name or "")
     if type == "DELETED":
         metrics.JOBS.forget(*key)
+        S3_LOOP.forget(key)
+        FINISHED.forget(key)
+        _locks.pop(key, None)
         return
     metrics.JOBS.observe(*key, body)
-    uploaded = _uploaded_step(body)
-    if uploaded is not None and _uploaded_seen.get(key) != uploaded:
-        _uploaded_seen[key] = uploaded
-        event = _storage_kicks.get(key)
-        if event is not None:
-            event.set()
+    raw = copy.deepcopy(dict(body))
+    S3_LOOP.update(key, raw)
+    if finished(raw):
+        FINISHED.note(key, raw, pods=kwargs["pods_by_job"], api=memo["api"])
+    else:
+        FINISHED.forget(key)
+        _kick(namespace, name)
 
 
 class _Written:
@@ -188,12 +241,33 @@ def _older(version: object, *, than: object) -> bool:
 
 class _PodTruth:
     """One job's pods as the plan should see them, and what the last apply
-    could not create. kopf's index, minus the pods a fresh API list showed gone."""
+    could not create. kopf's index, minus the pods a fresh API list showed gone.
 
-    def __init__(self) -> None:
+    Expectations (as the Job controller keeps them): the pods the last apply
+    created are awaited in the index before the next plan, for at most
+    ``tunables.Reconcile.expectation_seconds``; a reconcile woken by the
+    first of them would otherwise re-create the others (409s, one POST each).
+    """
+
+    def __init__(self, *, list_first: bool = True) -> None:
         self.ghosts: set[str] = set()
-        self.list_next = True
+        self.list_next = list_first
         self.create_errors: tuple[observe.CreateError, ...] = ()
+        self.expected: frozenset[str] = frozenset()
+        self.expected_until = 0.0
+
+    def expect(self, created: Iterable[str], *, until: float) -> None:
+        """Pods (by name) the last apply created; awaited until ``until``."""
+        self.expected, self.expected_until = frozenset(created), until
+
+    def awaited(self, current: tuple[observe.ObservedPod, ...], *, now: float) -> frozenset[str]:
+        """The created pods the index does not show yet, while they are awaited."""
+        if now >= self.expected_until:
+            self.expected = frozenset()
+        missing = self.expected - {p.name for p in current}
+        if not missing:
+            self.expected = frozenset()
+        return missing
 
     def from_list(
         self, *, cached: tuple[observe.ObservedPod, ...], listed: tuple[observe.ObservedPod, ...]
@@ -212,16 +286,19 @@ class _PodTruth:
 
 def _list_pods(api: Any, namespace: str, name: str) -> tuple[observe.ObservedPod, ...]:
     """The job's pods straight from the API server (not the watch cache)."""
-    listed = client.CoreV1Api(api).list_namespaced_pod(
-        namespace, label_selector=f"{names.LABEL_JOB}={name}"
+    # The JSON as sent: decoding into V1Pod objects and back would cost more
+    # CPU than the request (every job lists on each resync).
+    response = client.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector=f"{names.LABEL_JOB}={name}", _preload_content=False
     )
-    parsed = (observe.parse_pod(api.sanitize_for_serialization(p)) for p in listed.items)
+    items = json.loads(response.data).get("items") or []
+    parsed = (observe.parse_pod(item) for item in items)
     return tuple(p for p in parsed if p is not None)
 
 
 async def reconcile_once(
     *,
-    body: kopf.Body,
+    body: Mapping[str, Any],
     pods: kopf.Index[tuple[str, str], observe.ObservedPod],
     api: Any,
     written: _Written,
@@ -247,16 +324,27 @@ async def reconcile_once(
                 name,
                 len(truth.ghosts),
             )
+        truth.expected = frozenset()  # the list is the truth
     else:
         current = truth.from_cache(cached)
+        if truth.awaited(current, now=time.monotonic()):
+            return max(truth.expected_until - time.monotonic(), RECONCILE.min_requeue_seconds)
     seen = tuple(sorted(current, key=lambda p: (p.attempt, p.rank)))
-    observed = observe.Observed(pods=seen, create_errors=truth.create_errors)
+    # Kueue (only for jobs labelled kueue.x-k8s.io/queue-name): the Workload gates the plan.
+    queue = None
+    if not isinstance(job, observe.InvalidJob) and kueue.queue_name(job) is not None:
+        # Only a queued job's reconcile waits for a worker thread here: the
+        # threads are shared by every job's API calls.
+        queue = await asyncio.to_thread(kueuesync.read, api, job)
+    observed = observe.Observed(pods=seen, create_errors=truth.create_errors, queue=queue)
     todo = plan.plan(job=job, observed=observed, now=clock())
     if not todo.empty:
         ref = effects.JobRef.of(raw)
         result = await asyncio.to_thread(effects.apply, api=api, job=ref, todo=todo, now=clock)
         written.record(raw, result.patched_object)
         truth.create_errors = result.create_errors
+        pods_created = (c.split("/", 1)[1] for c in result.created if c.startswith("Pod/"))
+        truth.expect(pods_created, until=time.monotonic() + RECONCILE.expectation_seconds)
         if result.gone:
             truth.list_next = True
         decision = todo.decision
@@ -268,15 +356,60 @@ async def reconcile_once(
             ",".join(result.created) or "-",
             ",".join(result.deleted) or "-",
         )
-    wait = todo.requeue_after if todo.requeue_after is not None else RESYNC_SECONDS
-    return min(max(wait, 0.5), RESYNC_SECONDS)
+    wait = todo.requeue_after if todo.requeue_after is not None else resync_wait()
+    if queue is not None:
+        again = await asyncio.to_thread(
+            kueuesync.sync, api, raw=raw, job=job, queue=queue, decision=todo.decision, now=clock()
+        )
+        wait = min(wait, again) if again is not None else wait
+    return min(max(wait, RECONCILE.min_requeue_seconds), RECONCILE.resync_seconds)
+
+
+def resync_wait(
+    settings: tunables.Reconcile = RECONCILE, draw: Callable[[], float] = random.random
+) -> float:
+    """The sleep before a resync: ``resync_seconds`` shortened by up to
+    ``resync_jitter`` at random, so that jobs seen at the same moment (an
+    operator start) spread their pod lists over the interval."""
+    return settings.resync_seconds * (1.0 - settings.resync_jitter * draw())
+
+
+def _live(body: kopf.Body, **_: Any) -> bool:
+    """The reconcile daemon's kopf filter: only a job that did not finish has one."""
+    return not finished(body)
+
+
+async def _sleep(kick: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> bool:
+    """Until kicked, stopped (the job finished or is being deleted) or ``timeout``;
+    True when the time ran out."""
+    waits = [asyncio.ensure_future(kick.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+    return not done
+
+
+async def _reconcile_guarded(key: Key, **call: Any) -> float | None:
+    """``reconcile_once`` under the job's lock; None after an API error (logged)."""
+    started = time.monotonic()
+    try:
+        async with _lock(key):
+            return await reconcile_once(**call)
+    except k8s_exceptions.ApiException as error:
+        LOG.warning("reconcile of %s/%s failed: %s", *key, error.reason)
+        return None
+    finally:
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
 
 @kopf.daemon(
     trainingjob.GROUP,
     trainingjob.VERSION,
     trainingjob.PLURAL,
-    cancellation_timeout=1.0,
+    cancellation_timeout=RECONCILE.stop_timeout_seconds,
+    when=_live,
 )
 async def reconcile_loop(
     *,
@@ -287,116 +420,158 @@ async def reconcile_loop(
     memo: kopf.Memo,
     **kwargs: Any,
 ) -> None:
+    """The reconcile loop of a job that did not finish (kopf stops it when it does)."""
     # kopf injects every index by its handler's name.
     pods: kopf.Index[tuple[str, str], observe.ObservedPod] = kwargs["pods_by_job"]
     key = (namespace or "", name)
     kick = _kicks.setdefault(key, asyncio.Event())
     written = _Written()
-    truth = _PodTruth()
-    timed_out = True
+    # kopf fills its pod index before it runs any handler: the first reconcile
+    # (on an operator start, for every job at once) plans from it, not from a list.
+    truth = _PodTruth(list_first=False)
+    timed_out = False
     try:
         while not stopped:
             kick.clear()
-            started = time.monotonic()
-            try:
-                wait = await reconcile_once(
-                    body=body,
-                    pods=pods,
-                    api=memo["api"],
-                    written=written,
-                    truth=truth,
-                    fresh=timed_out,
-                )
-            except k8s_exceptions.ApiException as error:
-                LOG.warning("reconcile of %s/%s failed: %s", *key, error.reason)
-                wait = ERROR_RETRY_SECONDS
-            finally:
-                metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
-            timed_out = False
-            try:
-                await asyncio.wait_for(kick.wait(), timeout=wait)
-            except TimeoutError:
-                timed_out = True  # a resync or requeue: plan from a fresh list
+            wait = await _reconcile_guarded(
+                key,
+                body=body,
+                pods=pods,
+                api=memo["api"],
+                written=written,
+                truth=truth,
+                fresh=timed_out,
+            )
+            # A resync or requeue that ran out plans from a fresh list.
+            timed_out = await _sleep(kick, stopped, wait or RECONCILE.error_retry_seconds)
     finally:
-        _kicks.pop(key, None)
+        if _kicks.get(key) is kick:
+            _kicks.pop(key, None)
 
 
-def _s3_job(raw: dict[str, Any]) -> tuple[dict[str, Any], trainingjob.TrainingJob] | None:
-    """The job if the operator should look at its S3 prefix now, else None."""
-    job = observe.parse_job(raw)
-    if isinstance(job, observe.InvalidJob) or not job.spec.managed_by_cairn:
-        return None
-    if job.spec.checkpoint.upload is None or job.metadata.deletion_timestamp is not None:
-        return None
-    return raw, job
+class _Finished:
+    """Succeeded and Failed jobs: no daemon, one shared task.
+
+    What is left to do for a finished job (stop its pods, ``cleanup.finishedPods``,
+    its Kueue Workload) is one reconcile, planned from kopf's pod index, each
+    time the job or one of its pods changes, one job at a time; a job with
+    ``ttlSecondsAfterFinished`` gets a timer (an asyncio ``TimerHandle``, not a
+    task) that deletes it when due. Only the last body of each finished job is
+    kept.
+    """
+
+    def __init__(self) -> None:
+        self.bodies: dict[Key, dict[str, Any]] = {}
+        self._pending: dict[Key, None] = {}  # insertion-ordered set
+        self._expired: dict[Key, None] = {}
+        self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._wake = asyncio.Event()
+        self._pods: Any = None
+        self._api: Any = None
+        self.reconciles = 0
+
+    def note(self, key: Key, raw: dict[str, Any], *, pods: Any, api: Any) -> None:
+        self.bodies[key] = raw
+        self._pods, self._api = pods, api
+        self._set_timer(key, ttl.seconds_left(raw, now=clock()))
+        self.enqueue(key)
+
+    def forget(self, key: Key) -> None:
+        self.bodies.pop(key, None)
+        self._pending.pop(key, None)
+        self._set_timer(key, None)
+
+    def enqueue(self, key: Key) -> None:
+        if key in self.bodies:
+            self._pending[key] = None
+            self._wake.set()
+
+    def _set_timer(self, key: Key, seconds: float | None) -> None:
+        """The job's TTL timer: (re)set to ``seconds``, or none."""
+        old = self._timers.pop(key, None)
+        if old is not None:
+            old.cancel()
+        self._expired.pop(key, None)
+        if seconds is not None:
+            loop = asyncio.get_running_loop()
+            self._timers[key] = loop.call_later(max(seconds, 0.0), self._expire, key)
+
+    def _expire(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        self._expired[key] = None
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending or self._expired:
+                if self._expired:
+                    key = next(iter(self._expired))
+                    del self._expired[key]
+                    await self._delete_if_due(key)
+                    continue
+                key = next(iter(self._pending))
+                del self._pending[key]
+                await self._reconcile(key)
+
+    async def _reconcile(self, key: Key) -> None:
+        raw = self.bodies.get(key)
+        if raw is None:
+            return
+        truth = _PodTruth(list_first=False)
+        self.reconciles += 1
+        wait = await _reconcile_guarded(
+            key, body=raw, pods=self._pods, api=self._api, written=_Written(), truth=truth
+        )
+        if wait is None:  # an API error: try this job again later
+            asyncio.get_running_loop().call_later(RECONCILE.error_retry_seconds, self.enqueue, key)
+
+    async def _delete_if_due(self, key: Key) -> None:
+        """``spec.ttlSecondsAfterFinished``: post ``TTLExpired``, delete the job."""
+        raw = self.bodies.get(key)
+        left = ttl.seconds_left(raw, now=clock()) if raw is not None else None
+        if raw is None or left is None:
+            return
+        if left > 0:  # the body changed since the timer was set
+            self._set_timer(key, left)
+            return
+        try:
+            await asyncio.to_thread(_delete_expired, self._api, raw)
+        except k8s_exceptions.ApiException as error:
+            LOG.warning("TTL deletion of %s/%s failed: %s", *key, error.reason)
+            self._set_timer(key, RECONCILE.error_retry_seconds)
 
 
-async def _sleep(kick: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
-    """Until kicked, stopped (the job is being deleted) or ``timeout``."""
-    waits = [asyncio.ensure_future(kick.wait()), asyncio.ensure_future(stopped.wait())]
+FINISHED = _Finished()
+S3_API: list[Any] = []
+"""The operator's Kubernetes client, once ``configure`` made it."""
+
+
+async def _storage_pass(
+    key: Key, raw: dict[str, Any], job: trainingjob.TrainingJob, caches: s3observe.Caches
+) -> s3pass.PassResult | None:
+    """One S3 pass in the S3 threads, with its metrics; None if the status patch failed."""
+    started = time.monotonic()
     try:
-        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        result = await _in_storage_thread(
+            s3pass.storage_pass, api=S3_API[0], raw=raw, job=job, caches=caches, now=clock
+        )
+    except k8s_exceptions.ApiException as error:
+        LOG.warning("storage status of %s/%s not patched: %s", *key, error.reason)
+        return None
+    except Exception:
+        metrics.STORAGE_ERRORS.inc()
+        raise
     finally:
-        for waiting in waits:
-            waiting.cancel()
+        metrics.STORAGE_PASS_SECONDS.observe(time.monotonic() - started)
+    if result.error is not None:
+        metrics.STORAGE_ERRORS.inc()
+    metrics.RETENTION_DELETED.inc(len(result.deleted))
+    return result
 
 
-@kopf.daemon(
-    trainingjob.GROUP,
-    trainingjob.VERSION,
-    trainingjob.PLURAL,
-    cancellation_timeout=1.0,
-    initial_delay=STORAGE.initial_delay_seconds,
-)
-async def storage_loop(
-    *,
-    namespace: str | None,
-    name: str,
-    body: kopf.Body,
-    stopped: kopf.DaemonStopped,
-    memo: kopf.Memo,
-    **_: Any,
-) -> None:
-    """The S3 pass of one job, every ``STORAGE.interval_seconds`` or when kicked."""
-    key = (namespace or "", name)
-    kick = _storage_kicks.setdefault(key, asyncio.Event())
-    cache = s3store.HeadCache()
-    written = _Written()
-    try:
-        while not stopped:
-            kick.clear()
-            target = _s3_job(written.freshest(copy.deepcopy(dict(body))))
-            if target is not None:
-                raw, job = target
-                started = time.monotonic()
-                try:
-                    result = await _in_storage_thread(
-                        storage.storage_pass,
-                        api=memo["api"],
-                        raw=raw,
-                        job=job,
-                        cache=cache,
-                        now=clock,
-                    )
-                    written.record(raw, result.patched_object)
-                    if result.error is not None:
-                        metrics.STORAGE_ERRORS.inc()
-                    metrics.RETENTION_DELETED.inc(len(result.deleted))
-                except k8s_exceptions.ApiException as error:
-                    LOG.warning("storage status of %s/%s not patched: %s", *key, error.reason)
-                except Exception:  # keep the loop alive; the next pass tries again
-                    LOG.exception("S3 pass of %s/%s failed", *key)
-                    metrics.STORAGE_ERRORS.inc()
-                finally:
-                    metrics.STORAGE_PASS_SECONDS.observe(time.monotonic() - started)
-            await _sleep(kick, stopped, STORAGE.interval_seconds)
-    finally:
-        _storage_kicks.pop(key, None)
-        _uploaded_seen.pop(key, None)
-
-
-POD_GONE_MARGIN_SECONDS = 30.0
-POD_GONE_POLL_SECONDS = 1.0
+S3_LOOP = s3loop.S3Loop(run_pass=_storage_pass, settings=STORAGE, written=_Written)
 
 
 def _live_pods(api: Any, job: trainingjob.TrainingJob) -> list[str]:
@@ -418,13 +593,13 @@ def _delete_pods(api: Any, namespace: str, pods: list[str]) -> None:
 async def _pods_gone(api: Any, job: trainingjob.TrainingJob) -> None:
     """Delete the job's pods (their grace period lets the writer finish) and wait,
     bounded by that grace period plus a margin, until the API server has none."""
-    bound = job.spec.checkpoint.final_checkpoint_grace_seconds + POD_GONE_MARGIN_SECONDS
+    bound = job.spec.checkpoint.final_checkpoint_grace_seconds + RECONCILE.pod_gone_margin_seconds
     deadline = time.monotonic() + bound
     pods = await asyncio.to_thread(_live_pods, api, job)
     if pods:
         await asyncio.to_thread(_delete_pods, api, job.metadata.namespace, pods)
     while pods and time.monotonic() < deadline:
-        await asyncio.sleep(POD_GONE_POLL_SECONDS)
+        await asyncio.sleep(RECONCILE.pod_gone_poll_seconds)
         pods = await asyncio.to_thread(_live_pods, api, job)
     if pods:
         LOG.warning(
@@ -455,14 +630,14 @@ async def on_delete(*, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -
         return
     checkpoint = job.spec.checkpoint
     if not job.spec.managed_by_cairn or checkpoint.on_delete != "Delete" or not checkpoint.upload:
-        s3store.forget_credentials(job.metadata.uid)
+        s3observe.forget_credentials(job.metadata.uid)
         return
     key = (job.metadata.namespace, job.metadata.name)
     attempt = retry + 1
     # Pods still uploading would leave orphans behind the deletion: stop them first.
     await _pods_gone(memo["api"], job)
     try:
-        count = await _in_storage_thread(storage.cleanup, api=memo["api"], raw=raw, job=job)
+        count = await _in_storage_thread(s3pass.cleanup, api=memo["api"], raw=raw, job=job)
     except prefixowner.NotOwnedError as refused:
         notice = k8stypes.Event(
             type="Warning",
@@ -473,9 +648,9 @@ async def on_delete(*, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -
         await _in_storage_thread(
             effects.post_event, memo["api"], effects.JobRef.of(raw), notice, now=clock()
         )
-        s3store.forget_credentials(job.metadata.uid)
+        s3observe.forget_credentials(job.metadata.uid)
         return
-    except s3store.StoreError as failure:
+    except s3observe.StoreError as failure:
         LOG.warning("cleanup of %s/%s, attempt %d: %s", *key, attempt, failure)
         if attempt < STORAGE.cleanup_attempts:
             raise kopf.TemporaryError(
@@ -490,14 +665,10 @@ async def on_delete(*, body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -
         await _in_storage_thread(
             effects.post_event, memo["api"], effects.JobRef.of(raw), notice, now=clock()
         )
-        s3store.forget_credentials(job.metadata.uid)
+        s3observe.forget_credentials(job.metadata.uid)
         return
     LOG.info("onDelete=Delete: removed %d objects of %s/%s from S3", count, *key)
-    s3store.forget_credentials(job.metadata.uid)
-
-
-def _ttl_pending(body: kopf.Body, **_: Any) -> bool:
-    return ttl.due_at(body) is not None
+    s3observe.forget_credentials(job.metadata.uid)
 
 
 def _delete_expired(api: Any, raw: dict[str, Any]) -> None:
@@ -516,35 +687,3 @@ def _delete_expired(api: Any, raw: dict[str, Any]) -> None:
     except k8s_exceptions.ApiException as error:
         if error.status != 404:
             raise
-
-
-@kopf.daemon(
-    trainingjob.GROUP,
-    trainingjob.VERSION,
-    trainingjob.PLURAL,
-    cancellation_timeout=1.0,
-    when=_ttl_pending,
-)
-async def ttl_loop(
-    *, body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any
-) -> None:
-    """``spec.ttlSecondsAfterFinished``: runs only while a finished job has a TTL
-    (kopf starts and stops it as the filter changes); deletes it when due."""
-    while not stopped:
-        left = ttl.seconds_left(body, now=clock())
-        if left is None:
-            return
-        if left > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopped.wait(), timeout=min(left, RESYNC_SECONDS))
-            continue
-        try:
-            await asyncio.to_thread(_delete_expired, memo["api"], copy.deepcopy(dict(body)))
-        except k8s_exceptions.ApiException as error:
-            LOG.warning(
-                "TTL deletion of %s failed: %s", body.get("metadata", {}).get("name"), error.reason
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stopped.wait(), timeout=ERROR_RETRY_SECONDS)
-            continue
-        return

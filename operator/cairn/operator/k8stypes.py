@@ -209,6 +209,13 @@ class ProgressDict(TypedDict):
     step: NotRequired[int]
 
 
+class RayStatusPatch(TypedDict, total=False):
+    """The operator's keys of ``status.ray`` (the rest is the Ray driver's)."""
+
+    group: int
+    announcedInPlaceRestarts: int
+
+
 class StatusPatch(TypedDict, total=False):
     """The operator's JSON merge patch of /status: only operator-owned fields.
 
@@ -227,3 +234,4 @@ class StatusPatch(TypedDict, total=False):
     lastFailure: LastFailureDict | None
     progress: ProgressDict | None
     conditions: list[ConditionDict]
+    ray: RayStatusPatch

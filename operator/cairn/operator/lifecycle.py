@@ -32,14 +32,15 @@ from typing import Any
 
 from cairn.api import checkpointspec, exitcodes, jobstatus, podenv, trainingjob
 from cairn.operator import conditions as cond
-from cairn.operator import diagnosis, observe
+from cairn.operator import diagnosis, kueue, observe, tunables
 
-SUSPEND_REQUEUE_SECONDS = 10.0
-CREATE_ERROR_REQUEUE_SECONDS = 10.0
-"""Retry of a refused create (quota, admission, a name conflict the user may fix)."""
-STALE_STATUS_REQUEUE_SECONDS = 2.0
-DEFAULT_STALE_SECONDS = 3600
-STALE_SLACK_SECONDS = 300
+# The delays live in ``tunables.Settings.lifecycle``; these names read them.
+_DELAYS = tunables.DEFAULT.lifecycle
+SUSPEND_REQUEUE_SECONDS = _DELAYS.suspend_requeue_seconds
+CREATE_ERROR_REQUEUE_SECONDS = _DELAYS.create_error_requeue_seconds
+STALE_STATUS_REQUEUE_SECONDS = _DELAYS.stale_status_requeue_seconds
+DEFAULT_STALE_SECONDS = _DELAYS.default_stale_seconds
+STALE_SLACK_SECONDS = _DELAYS.stale_slack_seconds
 UTC = datetime.UTC
 
 
@@ -336,6 +337,30 @@ def _suspend(job: trainingjob.TrainingJob, observed: observe.Observed, base: _Ba
     )
 
 
+def _held(
+    job: trainingjob.TrainingJob, observed: observe.Observed, base: _Base, held: kueue.Hold
+) -> Decision:
+    """Kueue has not admitted the job, or evicted it: the Cairn suspend (final
+    checkpoint, then no pods), not counted against any restart budget. A job
+    never started stays Suspended with no pod ever created."""
+    live = _live(observed.pods)
+    if live:
+        return base.decision(
+            phase="Suspending",
+            reason=held.reason,
+            message=held.message,
+            delete=_deletable(live),
+            requeue_after=SUSPEND_REQUEUE_SECONDS,
+        )
+    return base.decision(
+        phase="Suspended",
+        reason=held.reason,
+        message=held.message,
+        start_time=None,
+        delete=_cleanup(job, observed.pods, keep_attempt=base.attempt),
+    )
+
+
 def _judge(
     job: trainingjob.TrainingJob,
     observed: observe.Observed,
@@ -384,6 +409,8 @@ def _judge(
                 counted=False,
             )
     failed = [p for p in pods if p.phase == "Failed"]
+    if job.spec.runtime == "ray":
+        failed = ray_root_candidates(failed, pods)
     if not failed:
         return None
     config = next(
@@ -421,6 +448,31 @@ def _judge(
         exit_code=root.exit_code,
         counted=True,
     )
+
+
+def _ray_follower(job: trainingjob.TrainingJob, pod: observe.ObservedPod) -> bool:
+    """A Ray worker that ended only because the head's driver failed: the
+    attempt stays Running until the head (which stops Ray first) ends too."""
+    return (
+        job.spec.runtime == "ray"
+        and pod.rank != 0
+        and pod.phase == "Failed"
+        and exitcodes.follows_head(pod.termination_message)
+    )
+
+
+def ray_root_candidates(
+    failed: list[observe.ObservedPod], pods: tuple[observe.ObservedPod, ...]
+) -> list[observe.ObservedPod]:
+    """Runtime ray: the failed pods that can be the root cause. A worker that
+    only echoes the head's failed driver (``exitcodes.follows_head``) is not:
+    while the head still runs (it stops Ray before it exits) the attempt has
+    not failed yet, and once the head ended, the head is the cause."""
+    own = [p for p in failed if not (p.rank != 0 and exitcodes.follows_head(p.termination_message))]
+    if own or not failed:
+        return own
+    head_live = any(p.rank == 0 and not p.terminated for p in pods)
+    return [] if head_live else failed
 
 
 def _after_failure(
@@ -541,6 +593,15 @@ def _restarting(
     return _start(job, observed, base, now=now, reason=cond.REASON_ATTEMPT_STARTED)
 
 
+def ray_head_succeeded(job: trainingjob.TrainingJob, pods: tuple[observe.ObservedPod, ...]) -> bool:
+    """Runtime ray: the head (rank 0) ran the driver and exits with its code, so
+    its success is the job's, whatever a worker did after it (a worker that
+    lost the head before it read the success flag exits non-zero)."""
+    if job.spec.runtime != "ray":
+        return False
+    return any(p.rank == 0 and p.phase == "Succeeded" for p in pods)
+
+
 def _active(
     job: trainingjob.TrainingJob,
     observed: observe.Observed,
@@ -548,25 +609,32 @@ def _active(
     *,
     now: datetime.datetime,
 ) -> Decision:
-    failure = _judge(job, observed, base, now=now)
-    if failure is not None:
-        return _after_failure(job, observed, base, failure, now=now)
     pods = observed.pods_of(base.attempt)
     nodes = job.spec.nodes
     old = tuple(p for p in observed.pods if p.attempt != base.attempt)
     cleanup = _deletable(_live(old)) + _cleanup(job, old, keep_attempt=base.attempt)
     by_rank = {p.rank: p for p in pods}
-    if len(by_rank) == nodes and all(p.phase == "Succeeded" for p in by_rank.values()):
+    head_done = ray_head_succeeded(job, pods)
+    failure = None if head_done else _judge(job, observed, base, now=now)
+    if failure is not None:
+        return _after_failure(job, observed, base, failure, now=now)
+    if head_done or (
+        len(by_rank) == nodes and all(p.phase == "Succeeded" for p in by_rank.values())
+    ):
         done = tuple(pods) if job.spec.cleanup.finished_pods == "Delete" else ()
         return base.decision(
             phase="Succeeded",
             reason=cond.REASON_SUCCEEDED,
             message=cond.MSG_SUCCEEDED.format(attempt=base.attempt, nodes=nodes),
             completion_time=now,
-            delete=cleanup + _deletable(done),
+            # Runtime ray: the workers still running when the driver finished
+            # are stopped now (they would exit 0 on their own).
+            delete=cleanup + _deletable(done) + _deletable(_live(pods)),
         )
     deadline = _deadline_in(job, start=base.start_time, now=now)
-    running = sum(1 for p in by_rank.values() if p.phase in ("Running", "Succeeded"))
+    running = sum(
+        1 for p in by_rank.values() if p.phase in ("Running", "Succeeded") or _ray_follower(job, p)
+    )
     if running == nodes:
         return _running(job, observed, base, cleanup=cleanup, deadline=deadline, now=now)
     return _starting(job, observed, base, cleanup=cleanup, deadline=deadline, now=now)
@@ -726,6 +794,9 @@ def decide(
         )
     if job.spec.suspend:
         return _suspend(job, observed, base)
+    held = kueue.hold(job=job, queue=observed.queue, live_pods=len(_live(observed.pods)))
+    if held is not None:
+        return _held(job, observed, base, held)
     deadline = _deadline_in(job, start=base.start_time, now=now)
     if deadline is not None and deadline <= 0:
         return _fail(

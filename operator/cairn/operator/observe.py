@@ -18,7 +18,7 @@ from typing import Any, Literal
 import pydantic
 
 from cairn.api import jobstatus, trainingjob
-from cairn.operator import names
+from cairn.operator import kueue, names
 
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
 _POD_PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
@@ -112,6 +112,9 @@ class Observed:
     pods: tuple[ObservedPod, ...] = ()
     create_errors: tuple[CreateError, ...] = ()
     """What the last apply failed to create (empty once a create works)."""
+    queue: kueue.Queue | None = None
+    """A queued job's Workload as the handler read it (``kueue``); None when the
+    job is not queued or nothing was read yet (a queued job is then held)."""
 
     def pods_of(self, attempt: int) -> tuple[ObservedPod, ...]:
         return tuple(p for p in self.pods if p.attempt == attempt)

@@ -16,7 +16,7 @@ import datetime
 from typing import Any
 
 from cairn.api import jobstatus, trainingjob
-from cairn.operator import builders, k8stypes, lifecycle, observe, status
+from cairn.operator import builders, k8stypes, kueue, lifecycle, observe, raystatus, status
 from cairn.operator import conditions as cond
 
 _WARNING_PHASES: frozenset[str] = frozenset({"Failed", "Restarting"})
@@ -56,6 +56,10 @@ def _status_changed(previous: jobstatus.TrainingJobStatus, patch: k8stypes.Statu
     for key, value in patch.items():
         if value is None:
             after.pop(key, None)
+        elif key == "ray" and isinstance(value, dict):
+            # The operator writes only its keys of status.ray (a merge patch
+            # keeps the driver's), so compare the merged object.
+            after[key] = {**after.get(key, {}), **value}
         else:
             after[key] = value
     return jobstatus.TrainingJobStatus.model_validate(after) != previous
@@ -124,19 +128,28 @@ def plan(
     if valid is not None and decision.start_attempt and decision.resume is not None:
         creates += builders.job_children(valid)
         present = {p.rank for p in observed.pods_of(decision.attempt)}
-        creates += [
-            builders.pod(valid, attempt=decision.attempt, rank=rank, resume=decision.resume)
-            for rank in range(valid.spec.nodes)
-            if rank not in present
-        ]
+        where = observed.queue.placement if observed.queue is not None else None
+        for rank in range(valid.spec.nodes):
+            if rank in present:
+                continue
+            pod = builders.pod(valid, attempt=decision.attempt, rank=rank, resume=decision.resume)
+            # Queued jobs run where Kueue admitted them (the flavors' node labels).
+            creates.append(kueue.place(pod, where) if where is not None else pod)
     patch = status.patch(
         job=valid, metadata=job.metadata, previous=job.status, decision=decision, now=now
     )
+    ray_events: tuple[k8stypes.Event, ...] = ()
+    if valid is not None:
+        new_attempt = decision.attempt != (job.status.attempt or 0)
+        ray_patch = raystatus.patch(valid, attempt=decision.attempt, new_attempt=new_attempt)
+        if ray_patch is not None:
+            patch["ray"] = ray_patch
+        ray_events = raystatus.events(valid)
     return Plan(
         status=patch if _status_changed(job.status, patch) else None,
         deletes=_deletes(job.metadata, decision),
         creates=tuple(creates),
-        events=_events(job.status, decision) + _problem_events(job.status, patch),
+        events=_events(job.status, decision) + _problem_events(job.status, patch) + ray_events,
         requeue_after=decision.requeue_after,
         decision=decision,
     )

@@ -21,7 +21,7 @@ import typing
 import botocore.exceptions
 
 from cairn.api import s3owner, trainingjob
-from cairn.operator import prefixclaim, s3store
+from cairn.operator import prefixclaim, s3observe
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -53,33 +53,33 @@ class Access:
 
     claim: prefixclaim.Claim
     s3: S3Client | None
-    target: s3store.Target
+    target: s3observe.Target
 
 
 def _code(error: botocore.exceptions.ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", "?"))
 
 
-def owner_key(target: s3store.Target) -> str:
+def owner_key(target: s3observe.Target) -> str:
     return f"{target.base}{s3owner.OWNER_KEY}"
 
 
-def read_owner(s3: S3Client, target: s3store.Target) -> s3owner.Owner | s3owner.Unreadable | None:
+def read_owner(s3: S3Client, target: s3observe.Target) -> s3owner.Owner | s3owner.Unreadable | None:
     key = owner_key(target)
     try:
         body = s3.get_object(Bucket=target.bucket, Key=key)["Body"].read(s3owner.OWNER_MAX_BYTES)
     except botocore.exceptions.ClientError as error:
         if _code(error) in _ABSENT:
             return None
-        raise s3store.StoreError(
+        raise s3observe.StoreError(
             f"reading s3://{target.bucket}/{key} failed: {_code(error)}"
         ) from None
     except botocore.exceptions.BotoCoreError as error:
-        raise s3store.StoreError(f"reading s3://{target.bucket}/{key} failed: {error}") from None
+        raise s3observe.StoreError(f"reading s3://{target.bucket}/{key} failed: {error}") from None
     return s3owner.parse_owner(body)
 
 
-def create_owner(s3: S3Client, target: s3store.Target, owner: s3owner.Owner) -> bool:
+def create_owner(s3: S3Client, target: s3observe.Target, owner: s3owner.Owner) -> bool:
     """Create the owner object if absent; False when another writer was first."""
     key = owner_key(target)
     try:
@@ -91,22 +91,22 @@ def create_owner(s3: S3Client, target: s3store.Target, owner: s3owner.Owner) -> 
         if code in _TAKEN or status in _TAKEN:
             return False
         if code not in _UNSUPPORTED and status not in _UNSUPPORTED:
-            raise s3store.StoreError(
+            raise s3observe.StoreError(
                 f"creating s3://{target.bucket}/{key} failed: {code}"
             ) from None
         LOG.warning("store rejected If-None-Match (%s); claiming %s by check-then-put", code, key)
     except botocore.exceptions.BotoCoreError as error:
-        raise s3store.StoreError(f"creating s3://{target.bucket}/{key} failed: {error}") from None
+        raise s3observe.StoreError(f"creating s3://{target.bucket}/{key} failed: {error}") from None
     if read_owner(s3, target) is not None:
         return False
     try:
         s3.put_object(Bucket=target.bucket, Key=key, Body=owner.to_json())
     except _ERRORS as error:
-        raise s3store.StoreError(f"creating s3://{target.bucket}/{key} failed: {error}") from None
+        raise s3observe.StoreError(f"creating s3://{target.bucket}/{key} failed: {error}") from None
     return True
 
 
-def claim(s3: S3Client, target: s3store.Target, me: s3owner.Owner) -> prefixclaim.Claim:
+def claim(s3: S3Client, target: s3observe.Target, me: s3owner.Owner) -> prefixclaim.Claim:
     """Read the owner, create it when absent, and re-read after a lost race."""
     for _ in range(2):
         action, decided = prefixclaim.decide(found=read_owner(s3, target), me=me)
@@ -123,25 +123,25 @@ def me(job: trainingjob.TrainingJob) -> s3owner.Owner:
 def open_prefix(
     *, api: object, job: trainingjob.TrainingJob, config: prefixclaim.Settings | None = None
 ) -> Access:
-    """The access gate, then the claim. Raises ``s3store.StoreError`` on I/O failures."""
+    """The access gate, then the claim. Raises ``s3observe.StoreError`` on I/O failures."""
     upload = job.spec.checkpoint.upload
     if upload is None:
         raise ValueError("open_prefix needs spec.checkpoint.upload")
-    target = s3store.Target.parse(upload.uri)
+    target = s3observe.Target.parse(upload.uri)
     refused = prefixclaim.access_refusal(upload, config or settings())
     if refused is not None:
         return Access(claim=refused, s3=None, target=target)
-    s3 = s3store.client_for(api, job.metadata.namespace, upload, job_uid=job.metadata.uid)
+    s3 = s3observe.client_for(api, job.metadata.namespace, upload, job_uid=job.metadata.uid)
     decided = claim(s3, target, me(job))
     return Access(claim=decided, s3=s3 if decided.owned else None, target=target)
 
 
-def release(s3: S3Client, target: s3store.Target, owner: s3owner.Owner) -> bool:
+def release(s3: S3Client, target: s3observe.Target, owner: s3owner.Owner) -> bool:
     """Delete the owner object if it is still ours (after ``onDelete: Delete``)."""
     if read_owner(s3, target) != owner:
         return False
     try:
         s3.delete_object(Bucket=target.bucket, Key=owner_key(target))
     except _ERRORS as error:
-        raise s3store.StoreError(f"releasing {owner_key(target)} failed: {error}") from None
+        raise s3observe.StoreError(f"releasing {owner_key(target)} failed: {error}") from None
     return True

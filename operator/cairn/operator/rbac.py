@@ -14,7 +14,7 @@ Two scopes:
 - ``CLUSTER_RULES`` are cluster-scoped reads kopf needs in either mode (CRDs and
   namespaces: names and labels only).
 
-Secrets: only ``get`` (no list, no watch): ``s3store`` reads the one Secret a
+Secrets: only ``get`` (no list, no watch): ``s3observe`` reads the one Secret a
 job's ``upload.credentialsSecretRef`` names, by name, when it verifies,
 applies retention or cleans up the job's S3 prefix; the pods still get the
 values only through ``secretKeyRef``. Not granted on purpose: nodes, ``update`` (everything is
@@ -44,7 +44,7 @@ def _rule(group: str, resources: list[str], verbs: list[str]) -> PolicyRule:
 
 NAMESPACED_RULES: Final[tuple[PolicyRule, ...]] = (
     # handlers: kopf watches jobs, and patches metadata (finalizer, progress annotations);
-    # ttl_loop deletes a finished job after spec.ttlSecondsAfterFinished.
+    # handlers._Finished deletes a finished job after spec.ttlSecondsAfterFinished.
     _rule(trainingjob.GROUP, [trainingjob.PLURAL], ["get", "list", "watch", "patch", "delete"]),
     # effects.apply: the status merge patch. `get` as well: the per-job Role grants
     # get/patch on /status, and RBAC only lets us grant what we hold.
@@ -60,7 +60,7 @@ NAMESPACED_RULES: Final[tuple[PolicyRule, ...]] = (
     _rule("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "create"]),
     # effects: one Event per transition.
     _rule("", ["events"], ["create"]),
-    # s3store: the S3 credentials Secret a job names (by name: get only).
+    # s3observe: the S3 credentials Secret a job names (by name: get only).
     _rule("", ["secrets"], ["get"]),
 )
 
@@ -73,6 +73,23 @@ CLUSTER_RULES: Final[tuple[PolicyRule, ...]] = (
 )
 
 
+KUEUE_RULES: Final[tuple[PolicyRule, ...]] = (
+    # kueuesync: one Workload per queued job (create), its priority-boost annotation and
+    # spec.active (patch); handlers: the Workload watch that wakes the job's reconcile.
+    _rule("kueue.x-k8s.io", ["workloads"], ["get", "list", "watch", "create", "patch"]),
+    # kueuesync: after an eviction, release the quota (clear status.admission, conditions);
+    # Finished=True when the job ends.
+    _rule("kueue.x-k8s.io", ["workloads/status"], ["get", "patch"]),
+)
+"""Granted where TrainingJobs are watched, with the chart's ``rbac.kueue`` (default on)."""
+
+KUEUE_CLUSTER_RULES: Final[tuple[PolicyRule, ...]] = (
+    # kueuesync: the admitted flavors' node labels and tolerations; a queued job's
+    # WorkloadPriorityClass value (v1beta2 Workloads carry it next to the reference).
+    _rule("kueue.x-k8s.io", ["resourceflavors", "workloadpriorityclasses"], ["get"]),
+)
+
+
 LEADER_RULES: Final[tuple[PolicyRule, ...]] = (
     # leader: the election Lease, in the operator's own namespace only.
     _rule("coordination.k8s.io", ["leases"], ["get", "create", "update"]),
@@ -81,9 +98,12 @@ LEADER_RULES: Final[tuple[PolicyRule, ...]] = (
 
 def rules() -> dict[str, list[PolicyRule]]:
     """The rule sets, keyed as the chart reads them (``namespaced``, ``cluster``,
-    ``leader``: a Role in the release namespace when leader election is on)."""
+    ``leader``: a Role in the release namespace when leader election is on;
+    ``kueue``/``kueueCluster``: added to the first two with ``rbac.kueue``)."""
     return {
         "namespaced": list(NAMESPACED_RULES),
         "cluster": list(CLUSTER_RULES),
         "leader": list(LEADER_RULES),
+        "kueue": list(KUEUE_RULES),
+        "kueueCluster": list(KUEUE_CLUSTER_RULES),
     }

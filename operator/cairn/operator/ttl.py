@@ -2,8 +2,9 @@
 
 Pure: the job's raw body in, the deletion time out. Read leniently from the
 raw body (not the validated model), so that a job Failed for an invalid spec
-is cleaned up as well. ``handlers.ttl_loop`` (a kopf daemon that runs only
-while ``due_at`` is not None) sleeps until then and deletes the job; the
+is cleaned up as well. ``handlers._Finished`` keeps one asyncio timer per
+finished job whose ``due_at`` is not None (no task, no daemon) and deletes
+the job when it fires; the
 finalizer (``onDelete``) runs as for any deletion, and the job's pods,
 Service and RBAC go with it through their ownerReferences.
 """

@@ -122,8 +122,8 @@ def test_cluster_scope_rbac(helm: pathlib.Path) -> None:
     docs = render(helm, {})
     roles = {d["metadata"]["name"]: d["rules"] for d in by_kind(docs, "ClusterRole")}
     assert roles == {
-        "cairn": list(rbac.NAMESPACED_RULES),
-        "cairn-cluster": list(rbac.CLUSTER_RULES),
+        "cairn": list(rbac.NAMESPACED_RULES + rbac.KUEUE_RULES),
+        "cairn-cluster": list(rbac.CLUSTER_RULES + rbac.KUEUE_CLUSTER_RULES),
     }
     # The only namespaced RBAC: the leader-election Lease in the release namespace.
     assert [r["metadata"]["name"] for r in by_kind(docs, "Role")] == ["cairn-leader"]
@@ -141,13 +141,23 @@ def test_namespaced_rbac(helm: pathlib.Path) -> None:
     assert [d["metadata"]["name"] for d in by_kind(docs, "ClusterRole")] == ["cairn-cluster"]
     roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] != "cairn-leader"]
     assert [r["metadata"]["namespace"] for r in roles] == ["ml-a", "ml-b"]
-    assert all(r["rules"] == list(rbac.NAMESPACED_RULES) for r in roles)
+    assert all(r["rules"] == list(rbac.NAMESPACED_RULES + rbac.KUEUE_RULES) for r in roles)
     bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] != "cairn-leader"]
     assert [b["metadata"]["namespace"] for b in bindings] == ["ml-a", "ml-b"]
     [deployment] = by_kind(docs, "Deployment")
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[-2:] == ["--namespace=ml-a", "--namespace=ml-b"]
     assert "--all-namespaces" not in command
+
+
+def test_kueue_rbac_switch(helm: pathlib.Path) -> None:
+    """rbac.kueue=false leaves out the Workload rules in both scopes."""
+    for values in ({"rbac.kueue": "false"}, {**NAMESPACED, "rbac.kueue": "false"}):
+        docs = render(helm, values)
+        rules = [
+            r for d in by_kind(docs, "ClusterRole") + by_kind(docs, "Role") for r in d["rules"]
+        ]
+        assert rules and not [r for r in rules if "kueue.x-k8s.io" in r["apiGroups"]]
 
 
 def test_deployment(helm: pathlib.Path) -> None:

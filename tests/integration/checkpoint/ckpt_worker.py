@@ -117,6 +117,7 @@ def main() -> None:
         directory=pathlib.Path(cfg["dir"].format(rank=rank)),
         interval_steps=cfg.get("interval"),
         keep_last=cfg.get("keep_last", 3),
+        keep_aside=cfg.get("keep_aside", 3),
         max_bytes=cfg.get("max_bytes"),
         async_mode=cfg.get("async_mode", "pinned"),
         upload_on_failure=cfg.get("upload_on_failure", "Continue"),
@@ -160,6 +161,8 @@ def main() -> None:
             result["imported"] = None if restored is None else restored.imported
             result["skipped"] = [] if restored is None else [s for s, _ in restored.skipped]
             result["skipped_state"] = [] if restored is None else list(restored.skipped_state)
+            result["downloaded"] = [] if restored is None else list(restored.downloaded)
+            result["quarantined"] = [] if restored is None else list(restored.quarantined)
             torch.save(full_state(model, optim, data, train), out / f"dump-restored-rank{rank}.pt")
         pending_save: int | None = None
         steps_during_save = 0

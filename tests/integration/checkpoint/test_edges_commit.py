@@ -9,6 +9,9 @@ server (SeaweedFS) and the devcluster's kube-apiserver. Covers:
 - rollback: resuming from an older step then saving 3 more keeps the new
   lineage's steps (the old run's newer steps are moved aside, locally and in
   S3, never deleted), and a later resume picks the new lineage's newest;
+- a rollback on node-local volumes killed between its local and its S3
+  supersede: the next attempt on EMPTY volumes finishes the branch from the
+  S3 record and resumes the branch point, not the old lineage's newer step;
 - saving a step at or below the lineage's latest committed step raises;
 - a zombie writer of attempt k, held at a pause point, keeps writing and
   uploading after attempt k+1 committed the same step numbers: no byte of
@@ -39,8 +42,8 @@ from torch.distributed.checkpoint import state_dict_saver
 
 from cairn.api import manifest as manifest_mod
 from cairn.api import trainingjob
-from cairn.checkpoint import errors, fence, layout, manager, options, remote, state
-from cairn.operator import remoteplan, s3store
+from cairn.checkpoint import errors, fence, layout, lineage, manager, options, remote, state
+from cairn.operator import s3observe, s3plan
 from cairn.trainer import status_reporter
 from tests import demo
 from tests.conftest import DevclusterHandle
@@ -172,6 +175,72 @@ def test_rollback_then_three_saves_keeps_the_new_lineage(
         for key, value in before["model"].items():
             assert torch.equal(value, after["model"][key]), key
         assert before["data"] == after["data"]
+
+
+@pytest.mark.s3
+def test_crash_between_local_and_remote_supersede_then_empty_volume_resumes_the_branch(
+    tmp_path: pathlib.Path, s3_server: typing.Any
+) -> None:
+    """Node-local volumes: the rollback's rank 0 dies after moving the old
+    lineage's steps aside on its volume but before moving them in S3; the
+    next attempt starts on EMPTY volumes (new pods) and must resume the
+    branch point, not the old lineage's newer step still listed in S3."""
+    bucket = s3_server.new_bucket("edge-branch-crash")
+    s3 = ckpt_harness.s3_cfg(s3_server, bucket, prefix="jobs/edge")
+    s3opts = options.S3Options(**s3)
+    client = remote.make_client(s3opts)
+    base: dict[str, typing.Any] = {"interval": 2, "keep_last": 10, "job_uid": UID_A, "s3": s3}
+    ckpt_harness.launch(
+        {**base, "dir": str(tmp_path / "pods-a0-{rank}"), "steps": 8},
+        world=2,
+        tmp=tmp_path,
+        name="old-run",
+    ).wait()
+    assert remote.committed_steps(client, s3opts) == [2, 4, 6, 8]
+
+    crashed = ckpt_harness.launch(
+        {
+            **base,
+            "dir": str(tmp_path / "pods-a1-{rank}"),
+            "steps": 10,
+            "resume": True,
+            "resume_step": 4,
+            "attempt": 1,
+        },
+        world=2,
+        tmp=tmp_path,
+        name="rollback",
+        env={
+            "CAIRN_CKPT_FAULT": "supersede:0:4",
+            "CAIRN_CKPT_FAULT_DIR": str(tmp_path),
+            "CAIRN_CKPT_FAULT_SLEEP": "120",
+        },
+    )
+    ckpt_harness.wait_for_file(tmp_path / "supersede-0-4", job=crashed)
+    ckpt_harness.sigkill(crashed, 0)
+    crashed.kill()
+    # The window: the branch record is in S3, S3 still lists the old lineage.
+    assert remote.committed_steps(client, s3opts) == [2, 4, 6, 8]
+    record = lineage.read_remote_record(client, s3opts)
+    assert record is not None and record["pending"]["supersede"] == [6, 8]
+
+    restarted = ckpt_harness.launch(
+        {**base, "dir": str(tmp_path / "pods-a2-{rank}"), "steps": 6, "resume": True, "attempt": 2},
+        world=2,
+        tmp=tmp_path,
+        name="restarted",
+    )
+    restarted.wait()
+    for rank in range(2):
+        assert restarted.result(rank)["restored"] == 4  # not the old lineage's 8
+    assert restarted.result(0)["saved"] == [6]  # the branch goes on at 6
+    assert lineage.read_remote_record(client, s3opts) is None
+    assert remote.committed_steps(client, s3opts) == [2, 4, 6]
+    old_lineage = f"{UID_A[:8]}-a0"
+    for step in (6, 8):  # moved aside in S3, never deleted
+        key = f"jobs/edge/.cairn/superseded/{old_lineage}/{manifest_mod.step_dir_name(step)}"
+        body = client.get_object(Bucket=bucket, Key=f"{key}/manifest.json")["Body"].read()
+        assert manifest_mod.parse_manifest(body).attempt == 0
 
 
 class _Tiny:
@@ -382,14 +451,14 @@ def test_operator_verifies_attempt_scoped_multipart_objects_by_crc(
     remote.upload_files(client, s3opts, folder=folder, manifest=record, entries=entries)
     remote.put_manifest(client, s3opts, record)
 
-    target = s3store.Target.parse(s3opts.uri)
-    seen = s3store.observe(s3_server.client(), target)
+    target = s3observe.Target.parse(s3opts.uri)
+    seen = s3observe.observe(s3_server.client(), target)
     assert set(seen.listing[3]) == {
         "manifest.json",
         f"a2-{UID_A[:8]}/__0_0.distcp",
         f"a2-{UID_A[:8]}/.metadata",
     }
-    verdict = remoteplan.verify_step(step=3, objects=seen.listing[3], manifest=seen.manifests[3])
+    verdict = s3plan.verify_step(step=3, objects=seen.listing[3], manifest=seen.manifests[3])
     assert (verdict.verified, verdict.method) == (True, "crc32c")  # multipart included
 
     # A corrupt upload is refused by the server: the bytes do not match the CRC sent.

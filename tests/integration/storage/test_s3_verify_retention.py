@@ -2,7 +2,7 @@
 
 Step folders are written with the writer's own upload code
 (``cairn.checkpoint.remote``: per-file CRC32C, manifest last), then
-``s3store.observe`` + ``remoteplan.plan`` run on them as the operator does.
+``s3observe.observe`` + ``s3plan.plan`` run on them as the operator does.
 Covers: good steps verified by the store's full-object CRC32C; a file
 rewritten with other bytes of the same size and a truncated file not
 verified; a multipart file uploaded by the writer (full-object CRC32C)
@@ -28,7 +28,7 @@ from cairn.api import checkpointspec
 from cairn.api import manifest as manifest_mod
 from cairn.checkpoint import layout, options, remote
 from cairn.devcluster import standalone_s3
-from cairn.operator import remoteplan, s3store
+from cairn.operator import s3apply, s3observe, s3plan
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -52,10 +52,10 @@ class Store:
         )
         self.writer = remote.make_client(self.opts)
         upload = checkpointspec.UploadSpec(uri=self.uri, endpoint=server.endpoint_url)
-        self.s3: S3Client = s3store.make_client(
+        self.s3: S3Client = s3observe.make_client(
             upload, access_key=server.access_key, secret_key=server.secret_key
         )
-        self.target = s3store.Target.parse(self.uri)
+        self.target = s3observe.Target.parse(self.uri)
 
     def write_step(
         self, tmp: pathlib.Path, step: int, *, sizes: dict[str, int], commit: bool = True
@@ -80,9 +80,9 @@ class Store:
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket)
         return {obj["Key"] for page in pages for obj in page.get("Contents", [])}
 
-    def plan(self, **kw: Any) -> remoteplan.RemotePlan:
-        seen = s3store.observe(self.s3, self.target)
-        return remoteplan.plan(listing=seen.listing, manifests=seen.manifests, **kw)
+    def plan(self, **kw: Any) -> s3plan.RemotePlan:
+        seen = s3observe.observe(self.s3, self.target)
+        return s3plan.plan(listing=seen.listing, manifests=seen.manifests, **kw)
 
 
 SMALL = {"__0_0.distcp": 3000, ".metadata": 200}
@@ -181,7 +181,7 @@ def test_retention_deletes_exactly_the_expected_keys(store: Store, tmp_path: pat
     )
     assert result.verified_steps == (10, 20, 30, 40, 50)
     assert result.deleted_steps == (30, 15)
-    deleted = s3store.delete_steps(store.s3, store.target, result.deletions)
+    deleted = s3apply.delete_steps(store.s3, store.target, result.deletions)
     assert deleted == (30, 15)
 
     expected_gone = {store.target.key(30, p) for p in [*SMALL, "manifest.json"]} | {
@@ -220,7 +220,7 @@ def test_delete_prefix_empties_the_jobs_step_folders_only(
             calls.append(model.name)
 
     store.s3.meta.events.register("provide-client-params.s3.*", record)
-    count = s3store.delete_prefix(store.s3, store.target)
+    count = s3apply.delete_prefix(store.s3, store.target)
     assert count == 2 * 3 + 2
     assert store.listed() == {sibling, foreign}
     assert calls == ["DeleteObject", "DeleteObject", "DeleteObjects"]

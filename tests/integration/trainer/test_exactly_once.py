@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from tests.procs import descendants
+
 pytestmark = [pytest.mark.torch, pytest.mark.s3]
 
 STEPS = 12
@@ -75,29 +77,11 @@ def _launch(
         )
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of `pid`, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL torchrun and every worker. torch's elastic agent starts each worker
     in a session of its own (`start_new_session`), so killing torchrun's process
     group alone leaves the workers running on as zombie writers of the old attempt."""
-    workers = _descendants(proc.pid)
+    workers = descendants(proc.pid)
     os.killpg(proc.pid, signal.SIGKILL)
     for pid in workers:
         with contextlib.suppress(ProcessLookupError):

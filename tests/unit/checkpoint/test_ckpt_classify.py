@@ -211,3 +211,52 @@ def test_save_check_refuses_steps_at_or_below_latest() -> None:
     for step in (3, 4):
         with pytest.raises(errors.CheckpointError, match="refused"):
             lineage.check_save(step, latest=4, lineage="l")
+
+
+def _manifest(
+    step: int, *, attempt: int, created_at: float, lineage_id: str
+) -> manifest_mod.Manifest:
+    return manifest_mod.Manifest(
+        step=step,
+        world_size=1,
+        attempt=attempt,
+        created_at=created_at,
+        files=(),
+        job_uid=UID,
+        lineage=lineage_id,
+    )
+
+
+def test_a_stale_branch_record_never_moves_a_newer_step_of_the_same_number() -> None:
+    branch = lineage.Decision(
+        lineage="0123abcd-a1",
+        parent=manifest_mod.Parent(step=4, lineage="0123abcd-a0"),
+        supersede=(6, 8),
+        latest=4,
+    )
+    old = {
+        s: _manifest(s, attempt=0, created_at=float(s), lineage_id="0123abcd-a0") for s in (6, 8)
+    }
+    expect = lineage.identities(branch, old)
+    assert lineage.to_move(branch, old, expect) == {6: "0123abcd-a0", 8: "0123abcd-a0"}
+    # After the branch, the new lineage committed 6 again; the record is finished late.
+    now = {6: _manifest(6, attempt=1, created_at=60.0, lineage_id="0123abcd-a1"), 8: old[8]}
+    assert lineage.to_move(branch, now, expect) == {8: "0123abcd-a0"}
+    assert lineage.to_move(branch, {}, expect) == {}  # already moved: nothing to do
+
+
+def test_branch_records_of_this_job_only_are_finished() -> None:
+    branch = lineage.Decision(lineage="0123abcd-a1", parent=None, supersede=(2,), latest=None)
+    record = {"job_uid": UID, "attempt": 1, "pending": branch.to_json(), "expect": {"2": {}}}
+    assert lineage.pending_of(record, job_uid=UID) == (branch, {"2": {}})
+    assert lineage.pending_of({**record, "job_uid": "another"}, job_uid=UID) is None
+    assert lineage.pending_of(None, job_uid=UID) is None
+    assert lineage.pending_of({"job_uid": UID}, job_uid=UID) is None
+
+
+def test_a_node_local_rank_also_moves_its_steps_past_the_lineage_latest() -> None:
+    keep = lineage.Decision(lineage="l0", parent=None, supersede=(), latest=4)
+    assert lineage.local_supersede(keep, [2, 4]) == keep
+    assert lineage.local_supersede(keep, [2, 4, 6, 8]).supersede == (6, 8)
+    fresh = lineage.Decision(lineage="l1", parent=None, supersede=(2,), latest=None)
+    assert lineage.local_supersede(fresh, [2, 4]).supersede == (2, 4)

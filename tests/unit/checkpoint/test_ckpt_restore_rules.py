@@ -6,7 +6,8 @@ corruption; which S3 failures are transient (5xx, SlowDown, resets,
 timeouts) and which are not (404, 403); bounded retry rounds turn a lasting
 transient failure into TransportError and let other errors through at once;
 the import key rule (TorchTitan, `{"model": sd}`, bare names, a user map)
-and its refusals; the data prefix of a step; the termination message is
+and its refusals; the action of a verdict and the outcome when nothing
+loads; what a node-local rank loads itself and which files that reads; the data prefix of a step; the termination message is
 clipped to 4096 bytes on a character boundary and its path can be overridden.
 """
 
@@ -18,10 +19,12 @@ import typing
 import botocore.exceptions
 import pytest
 import s3transfer.exceptions
+import torch
+from torch.distributed.checkpoint import state_dict_saver
 
 from cairn.api import exitcodes
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, foreign, layout, remote
+from cairn.checkpoint import errors, foreign, layout, load, remote
 from cairn.checkpoint import verdict as verdict_mod
 from cairn.trainer import termination
 
@@ -235,3 +238,79 @@ def test_a_configuration_error_writes_the_reason_and_returns_78(tmp_path: pathli
     assert path.read_text() == "ConfigurationError: no step 9"
     assert termination.message_path({}) == pathlib.Path(exitcodes.TERMINATION_MESSAGE_PATH)
     assert not termination.write_reason("x", env={termination.PATH_ENV: str(tmp_path / "no/dir")})
+
+
+@pytest.mark.parametrize(
+    ("status", "ours", "expected"),
+    [
+        ("ok", True, "load"),
+        ("ok", False, "load"),
+        ("transport", True, "fail"),
+        ("refused", False, "fail"),
+        ("corrupt", True, "quarantine"),
+        ("corrupt", False, "skip"),  # another job's bytes: never moved
+        ("unreadable", True, "skip"),
+        ("incomplete", True, "skip"),
+        ("foreign", True, "skip"),
+    ],
+)
+def test_restore_action_of_a_verdict(
+    status: verdict_mod.Status, ours: bool, expected: verdict_mod.Action
+) -> None:
+    assert verdict_mod.action(status, ours=ours) == expected
+
+
+def test_what_happens_when_no_copy_loads() -> None:
+    skipped = [(8, "local corrupt"), (6, "s3 incomplete")]
+    explicit = verdict_mod.give_up(skipped, explicit=True, target=8)
+    assert isinstance(explicit, errors.ConfigurationError) and "step 8" in str(explicit)
+    by_uri = verdict_mod.give_up([], explicit=True, target="s3://b/p")
+    assert isinstance(by_uri, errors.ConfigurationError) and "s3://b/p" in str(by_uri)
+    failed = verdict_mod.give_up(skipped, explicit=False, target=None)
+    assert type(failed) is errors.CheckpointError and "step 6: s3 incomplete" in str(failed)
+    assert verdict_mod.give_up([], explicit=False, target=None) is None  # fresh start
+
+
+class _PerRank:
+    cairn_per_rank = True
+
+    def __init__(self) -> None:
+        self.value = {"seed": torch.tensor([7])}
+
+    def state_dict(self) -> dict[str, typing.Any]:
+        return dict(self.value)
+
+    def load_state_dict(self, sd: dict[str, typing.Any]) -> None:
+        self.value = dict(sd)
+
+
+class _Plain:
+    def __init__(self) -> None:
+        self.value = {"w": torch.arange(4.0), "lr": 0.5}
+
+    def state_dict(self) -> dict[str, typing.Any]:
+        return dict(self.value)
+
+    def load_state_dict(self, sd: dict[str, typing.Any]) -> None:
+        self.value = dict(sd)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_a_node_local_rank_reads_only_its_own_part(tmp_path: pathlib.Path) -> None:
+    """Rank 1 of a node-local pair loads its per-rank object and no replicated
+    entry (those come from rank 0); the files a load reads come from .metadata."""
+    objects: dict[str, typing.Any] = {"plain": _Plain(), "rng": _PerRank()}
+    tmpl = load.template(objects, rank=1, same_world=True)
+    assert load.own_part(tmpl, rank=0, node_local=True) == tmpl.dicts
+    assert set(load.own_part(tmpl, rank=1, node_local=True)) == {"rng/rank-1.seed"}
+    assert load.own_part(tmpl, rank=1, node_local=False) == tmpl.dicts
+
+    state_dict_saver.save(
+        {"plain": _Plain().state_dict(), "rng/rank-1": _PerRank().state_dict()},
+        checkpoint_id=tmp_path,
+        no_dist=True,
+    )
+    meta = load.read_metadata(tmp_path)
+    assert load.needed_files(meta, tmpl.dicts) == {"__0_0.distcp"}
+    with pytest.raises(errors.CheckpointError, match="does not fit"):
+        load.needed_files(meta, {"other": {"x": torch.zeros(1)}})

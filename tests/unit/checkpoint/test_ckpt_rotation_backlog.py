@@ -334,7 +334,11 @@ def test_staging_stream_of_the_default_stager() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine "
+    "(runs wherever CUDA is present, e.g. the device machine)",
+)
 def test_gpu_staging_copy_sees_the_update_queued_before_save(tmp_path: pathlib.Path) -> None:
     """On a GPU: a long kernel queued right before save() must be in the snapshot."""
     model = torch.nn.Linear(4096, 4096, device="cuda")

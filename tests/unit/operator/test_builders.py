@@ -126,6 +126,7 @@ def test_pod_with_pvc_upload_overlay_and_user_env() -> None:
                 ("CAIRN_NODE_RANK", "0"),
                 ("CAIRN_NNODES", "2"),
                 ("CAIRN_NPROC_PER_NODE", "1"),
+                ("CAIRN_RUNTIME", "torchrun"),
                 ("CAIRN_MASTER_ADDR", MASTER),
                 ("CAIRN_MASTER_PORT", "29500"),
                 ("PET_NNODES", "2"),

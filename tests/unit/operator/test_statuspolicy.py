@@ -45,7 +45,7 @@ def test_policy_names_the_trainer_account_and_denies() -> None:
         "validationActions": ["Deny"],
     }
     writer = next(v for v in spec["variables"] if v["name"] == "writerFields")
-    assert writer["expression"] == "['step', 'checkpoints']"
+    assert writer["expression"] == "['step', 'checkpoints', 'ray']"
 
 
 def test_only_rank_zero_mounts_a_token() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from cairn.api import checkpointspec
-from cairn.operator import clock, s3store, tunables
+from cairn.operator import clock, s3observe, tunables
 
 
 def test_defaults_are_valid_and_used() -> None:
@@ -46,7 +46,7 @@ def test_client_carries_the_bounds_it_was_given() -> None:
         read_timeout_seconds=3.0,
         default_region="eu-x-1",
     )
-    s3 = s3store.make_client(upload, access_key="a", secret_key="b", bounds=bounds)
+    s3 = s3observe.make_client(upload, access_key="a", secret_key="b", bounds=bounds)
     config: Any = s3.meta.config  # botocore's Config has no attribute stubs
     assert (config.connect_timeout, config.read_timeout) == (1.5, 3.0)
     # botocore counts the first call too: max_attempts retries = 1 + 2 calls.

@@ -24,13 +24,23 @@ is taken (the same step moved aside twice), a suffix `.1`, `.2`... is added.
 
 Side effects only on the given root / bucket; called by restore
 (quarantine) and by the lineage and start-up code (superseded, foreign).
+
+Bounded (`plan_prune`, pure; `prune` acts, from every rotation): per
+volume, the newest `keep` folders of each kind stay; older ones are
+deleted only when they are provably THIS job's and either proven corrupt
+(`quarantine`) or a step this job committed, read and then abandoned by a
+rollback (`superseded`). `foreign` folders (another job's, or what Cairn
+could not read) and anything whose tag does not name this job are never
+deleted, however many there are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
+import shutil
 import typing
 
 import botocore.exceptions
@@ -233,3 +243,75 @@ def _already_moved(
             f"s3://{s3opts.bucket}/{source} does not exist; nothing moved aside"
         )
     return found
+
+
+# -- bounded: pruning what was moved aside ------------------------------------------
+
+PRUNABLE: tuple[Kind, ...] = ("quarantine", "superseded")
+"""Kinds whose old folders may be deleted (this job's only); `foreign` never."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Entry:
+    """One folder moved aside on this volume."""
+
+    kind: Kind
+    tag: str
+    folder: pathlib.Path
+    moved_at: float
+    """When it was moved (its reason file's mtime; the folder's own if absent)."""
+
+
+def observe(root: pathlib.Path) -> list[Entry]:
+    """Every folder under `<root>/.cairn/<kind>/<tag>/` (symlinks skipped)."""
+    found: list[Entry] = []
+    for kind in KINDS:
+        base = root / ASIDE_DIR / kind
+        if not base.is_dir():
+            continue
+        for tag_dir in sorted(base.iterdir()):
+            if tag_dir.is_symlink() or not tag_dir.is_dir():
+                continue
+            for folder in sorted(tag_dir.iterdir()):
+                if folder.is_symlink() or not folder.is_dir():
+                    continue
+                reason = folder.with_name(f"{folder.name}{REASON_SUFFIX}")
+                try:
+                    moved_at = (reason if reason.is_file() else folder).stat().st_mtime
+                except OSError:
+                    continue  # vanished or unreadable: nothing to decide about
+                found.append(Entry(kind=kind, tag=tag_dir.name, folder=folder, moved_at=moved_at))
+    return found
+
+
+def plan_prune(
+    entries: typing.Sequence[Entry], *, job_uid: str | None, keep: int
+) -> tuple[Entry, ...]:
+    """What to delete: per kind, beyond the newest `keep`, this job's prunable ones. Pure.
+
+    This job's = the tag is one of this job's attempts (`<uid8>-a<n>`: the
+    quarantining attempt, or the superseded lineage); a `legacy` lineage, a
+    tag of another job (a re-created job on an old volume) and `foreign`
+    folders are never deleted.
+    """
+    own = f"{layout.uid8(job_uid)}-a"
+    delete: list[Entry] = []
+    for kind in PRUNABLE:
+        of_kind = sorted(
+            (e for e in entries if e.kind == kind),
+            key=lambda e: (e.moved_at, str(e.folder)),
+            reverse=True,
+        )
+        delete.extend(e for e in of_kind[keep:] if e.tag.startswith(own))
+    return tuple(delete)
+
+
+def prune(root: pathlib.Path, *, job_uid: str | None, keep: int) -> list[pathlib.Path]:
+    """Delete what `plan_prune` allows (folder, then its reason file); returns them."""
+    deleted: list[pathlib.Path] = []
+    for entry in plan_prune(observe(root), job_uid=job_uid, keep=keep):
+        shutil.rmtree(entry.folder, ignore_errors=True)
+        entry.folder.with_name(f"{entry.folder.name}{REASON_SUFFIX}").unlink(missing_ok=True)
+        log.info("removed %s folder %s (beyond the newest %d kept)", entry.kind, entry.folder, keep)
+        deleted.append(entry.folder)
+    return deleted

@@ -3,7 +3,9 @@
 The commit and upload barriers, the "step finished" broadcast and the save
 requests (time-based saves, preemption) go through a `Coordinator`. The
 c10d-store backend uses the rendezvous TCPStore that torchrun already runs;
-a Ray backend would implement the same protocol with an actor. Collectives on
+the Ray backend (`cairn.checkpoint.raycoordinator`) implements the same
+protocol over the `CheckpointMonitor` actor and is chosen when the Ray
+driver set `CAIRN_RAY_MONITOR` in the rank actor's environment. Collectives on
 the training process group are never used here: an async save that issues
 them while FSDP keeps training deadlocks (docs/checkpointing.md, "The lifecycle of a step").
 
@@ -15,12 +17,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import threading
 import typing
 
 import torch.distributed as dist
 
-from cairn.checkpoint import errors
+from cairn.checkpoint import errors, monitor
 
 
 class Store(typing.Protocol):
@@ -167,8 +170,22 @@ class LocalCoordinator:
         return self._values.setdefault(key, value)
 
 
+@typing.runtime_checkable
+class Fencing(typing.Protocol):
+    """A coordinator that is itself a commit authority (the Ray monitor: group fencing)."""
+
+    def commit_fence(self) -> typing.Any:
+        """A `cairn.checkpoint.fence.Fence` checked before each commit."""
+
+
 def from_default_group(*, namespace: str) -> Coordinator:
-    """The store coordinator of the default process group (LocalCoordinator if none)."""
+    """The Ray monitor's coordinator under the Ray driver; else the store
+    coordinator of the default process group (LocalCoordinator if none)."""
+    if os.environ.get(monitor.MONITOR_ENV):
+        # Imported here: ray is only present (and only needed) under the driver.
+        from cairn.checkpoint import raycoordinator
+
+        return raycoordinator.from_env(namespace=namespace)
     if not dist.is_available() or not dist.is_initialized():
         return LocalCoordinator()
     # The rendezvous store of the default group: torchrun's TCPStore.

@@ -4,13 +4,20 @@ Two authorities, both checked right before the local commit (the rename)
 and before the remote manifest put:
 
 - the local fence file `<root>/.cairn-fence`, JSON `{"job_uid", "attempt"}`
+  plus `"group"` for a Ray rank-actor group after an in-place restart
   (an older Cairn wrote a bare integer: read as "this job, that attempt"),
   raised by every attempt when its manager starts. It works without API
   access (library use, tests) and on every rank's own volume;
 - `ApiFence`: rank 0 GETs its TrainingJob and refuses when the job is gone
   (or being deleted), its `metadata.uid` is not ours (deleted and re-created), or
-  `status.attempt` is newer than ours. This is what fences a zombie pod on a
-  node-local volume, where no local file is shared with the new attempt.
+  `status.attempt` is newer than ours, or, at our attempt, `status.ray.group`
+  is newer than our group (the Ray driver bumps it before it starts a new
+  rank-actor group in place). This is what fences a zombie pod (or a zombie
+  rank actor) on a node-local volume, where no local file is shared with the
+  new writer.
+
+A writer's identity is (attempt, group), ordered as a pair; torchrun and the
+first Ray group are group 0, so their records and checks are unchanged.
 
 A fence file of ANOTHER job does not block a starting job (a job re-created
 on an old volume starts cleanly and takes the file over); a running writer
@@ -47,6 +54,7 @@ class Fence(typing.Protocol):
 class FenceRecord:
     job_uid: str | None
     attempt: int
+    group: int = 0
 
 
 def read_record(root: pathlib.Path) -> FenceRecord | None:
@@ -66,23 +74,35 @@ def read_record(root: pathlib.Path) -> FenceRecord | None:
         return FenceRecord(job_uid=None, attempt=doc)  # written by an older Cairn
     if isinstance(doc, dict) and isinstance(doc.get("attempt"), int):
         uid = doc.get("job_uid")
-        return FenceRecord(job_uid=uid if isinstance(uid, str) else None, attempt=doc["attempt"])
+        group = doc.get("group", 0)
+        return FenceRecord(
+            job_uid=uid if isinstance(uid, str) else None,
+            attempt=doc["attempt"],
+            group=group if isinstance(group, int) and not isinstance(group, bool) else 0,
+        )
     raise errors.CheckpointError(f"{path}: unexpected content {raw[:100]!r}")
 
 
-def stale_reason(record: FenceRecord | None, *, job_uid: str | None, attempt: int) -> str | None:
-    """Why `attempt` of `job_uid` may not commit under `record`; None if it may. Pure."""
+def stale_reason(
+    record: FenceRecord | None, *, job_uid: str | None, attempt: int, group: int = 0
+) -> str | None:
+    """Why (`attempt`, `group`) of `job_uid` may not commit under `record`; None if it may. Pure."""
     if record is None:
         return None
     if record.job_uid is not None and job_uid is not None and record.job_uid != job_uid:
         return f"job {record.job_uid} has taken over this volume (we are job {job_uid})"
     if record.attempt > attempt:
         return f"attempt {record.attempt} has started (we are attempt {attempt})"
+    if record.attempt == attempt and record.group > group:
+        return (
+            f"rank-actor group {record.group} of attempt {attempt} has started "
+            f"(we are group {group})"
+        )
     return None
 
 
-def raise_local(root: pathlib.Path, *, job_uid: str | None, attempt: int) -> None:
-    """Record that `attempt` of `job_uid` started; refuses if a newer attempt of ours did.
+def raise_local(root: pathlib.Path, *, job_uid: str | None, attempt: int, group: int = 0) -> None:
+    """Record that (`attempt`, `group`) of `job_uid` started; refuses if a newer one of ours did.
 
     A record of another job is replaced: a re-created job starts cleanly.
     """
@@ -94,15 +114,19 @@ def raise_local(root: pathlib.Path, *, job_uid: str | None, attempt: int) -> Non
         and current.job_uid != job_uid
     )
     if current is not None and not other_job:
-        if current.attempt > attempt:
+        if (current.attempt, current.group) > (attempt, group):
             raise errors.FencedError(
-                f"attempt {attempt} started after newer attempt {current.attempt} (fenced)"
+                f"attempt {attempt} group {group} started after newer attempt "
+                f"{current.attempt} group {current.group} (fenced)"
             )
-        if current.attempt == attempt and current.job_uid == job_uid:
+        if (current.attempt, current.group) == (attempt, group) and current.job_uid == job_uid:
             return
     tmp = root / f"{FENCE_NAME}.tmp-{os.getpid()}"
     with tmp.open("w") as stream:
-        stream.write(json.dumps({"job_uid": job_uid, "attempt": attempt}) + "\n")
+        record: dict[str, typing.Any] = {"job_uid": job_uid, "attempt": attempt}
+        if group:
+            record["group"] = group  # group 0 keeps torchrun's record
+        stream.write(json.dumps(record) + "\n")
         stream.flush()
         os.fsync(stream.fileno())
     tmp.replace(root / FENCE_NAME)
@@ -115,9 +139,13 @@ class LocalFence:
 
     root: pathlib.Path
     job_uid: str | None
+    group: int = 0
+    """The writer's rank-actor group (Ray); 0 under torchrun."""
 
     def check(self, attempt: int) -> None:
-        reason = stale_reason(read_record(self.root), job_uid=self.job_uid, attempt=attempt)
+        reason = stale_reason(
+            read_record(self.root), job_uid=self.job_uid, attempt=attempt, group=self.group
+        )
         if reason is not None:
             raise errors.FencedError(f"attempt {attempt} may not commit: {reason} (fenced)")
 
@@ -127,7 +155,7 @@ GetJob = typing.Callable[[], dict[str, typing.Any] | None]
 
 
 def job_stale_reason(
-    job: dict[str, typing.Any] | None, *, job_uid: str, attempt: int
+    job: dict[str, typing.Any] | None, *, job_uid: str, attempt: int, group: int = 0
 ) -> str | None:
     """Why the API server's view of the job refuses `attempt`; None if current. Pure."""
     if job is None:
@@ -139,9 +167,19 @@ def job_stale_reason(
     if meta.get("deletionTimestamp"):
         # Deleted, held only by a finalizer: the job is gone for its writers.
         return "the TrainingJob is being deleted"
-    current = (job.get("status") or {}).get("attempt")
+    status = job.get("status") or {}
+    current = status.get("attempt")
     if isinstance(current, int) and current > attempt:
         return f"the TrainingJob is at attempt {current} (we are attempt {attempt})"
+    # status.ray.group counts within the current attempt (the operator resets
+    # it to 0 with a new attempt), so it only compares at our own attempt.
+    if current is None or current == attempt:
+        current_group = (status.get("ray") or {}).get("group")
+        if isinstance(current_group, int) and current_group > group:
+            return (
+                f"the TrainingJob's rank-actor group is {current_group} "
+                f"(we are group {group} of attempt {attempt})"
+            )
     return None
 
 
@@ -151,6 +189,8 @@ class ApiFence:
 
     get_job: GetJob
     job_uid: str
+    group: int = 0
+    """The writer's rank-actor group (Ray, `status.ray.group`); 0 under torchrun."""
     tries: int = 3
     backoff_seconds: float = 1.0
 
@@ -159,7 +199,10 @@ class ApiFence:
         if job is _UNREACHABLE:
             return
         reason = job_stale_reason(
-            typing.cast(dict[str, typing.Any] | None, job), job_uid=self.job_uid, attempt=attempt
+            typing.cast(dict[str, typing.Any] | None, job),
+            job_uid=self.job_uid,
+            attempt=attempt,
+            group=self.group,
         )
         if reason is not None:
             raise errors.FencedError(f"attempt {attempt} may not commit: {reason} (fenced)")

@@ -8,11 +8,21 @@ needs for a plain DCP checkpoint. It never raises for what it finds; the
 finding is a `verdict.Report` that every rank then agrees on
 (`cairn.checkpoint.restore`). Reads and downloads only: nothing here moves
 or deletes anything but files of its own download.
+
+This rank's share of a Cairn step: on a shared volume a slice of the
+manifest's files (every rank checks some, together all); on a node-local
+volume the files THIS rank's load reads (`load.needed_files`: its DCP load
+plan against `.metadata`, which every node-local volume holds), so a rank
+never checks or fetches another rank's files it does not read. An S3 copy
+on a node-local volume is assembled: files of this rank's committed local
+folder that verify are hard-linked in, only the others are downloaded
+(`Fetched.downloaded_files` names them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import shutil
 import typing
@@ -22,7 +32,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import metadata as dcp_metadata
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import aside, errors, events, foreign, layout, options, remote
+from cairn.checkpoint import aside, errors, events, foreign, layout, load, options, remote, state
 from cairn.checkpoint import coordinator as coordinator_mod
 from cairn.checkpoint import verdict as verdict_mod
 
@@ -46,6 +56,8 @@ class Context:
     """The job named its target (resume.step / resume.uri): it must load or
     the job fails with a ConfigurationError; no fallback."""
     key_map: foreign.KeyMap | None = None
+    objects: typing.Mapping[str, state.Stateful] = dataclasses.field(default_factory=dict)
+    """What will be loaded: on a node-local volume it says which files this rank reads."""
 
     @property
     def rank(self) -> int:
@@ -61,8 +73,8 @@ class Context:
 
     @property
     def tag(self) -> str:
-        """`<uid8>-a<attempt>`: names what this attempt moves aside or downloads."""
-        return f"{layout.uid8(self.opts.job_uid)}-a{self.opts.attempt}"
+        """`<uid8>-<attempt token>`: names what this attempt (and Ray group) moves aside or downloads."""
+        return f"{layout.uid8(self.opts.job_uid)}-{layout.attempt_token(self.opts.attempt, self.opts.group)}"
 
     def share(self, names: typing.Sequence[str]) -> list[str]:
         """This rank's part of a copy: a slice on a shared volume, all of it otherwise."""
@@ -82,6 +94,9 @@ class Fetched:
     manifest: manifest_mod.Manifest | None = None
     meta: dcp_metadata.Metadata | None = None
     downloaded: bool = False
+    """`folder` is this attempt's temporary folder (not a committed step)."""
+    downloaded_files: tuple[str, ...] = ()
+    """Files this rank fetched from S3 (the rest of the folder came from its volume)."""
 
 
 def s3(ctx: Context) -> tuple[S3Client, options.S3Options]:
@@ -153,25 +168,74 @@ def _fetch_local(ctx: Context, copy: verdict_mod.Copy) -> Fetched:
             report=_report(ctx, status, "; ".join(missing[:5])), folder=folder, meta=meta
         )
     manifest = layout.read_manifest(folder)
-    problems = layout.verify_files(folder, _entries(ctx, manifest))
+    if ctx.shared:
+        problems = layout.verify_files(folder, manifest.files[ctx.rank :: ctx.world])
+        return Fetched(report=_report_problems(ctx, problems), folder=folder, manifest=manifest)
+    # Node-local: `.metadata` first (it says which files this rank reads).
+    problems = layout.verify_files(folder, _metadata_entry(manifest))
+    if not problems:
+        problems = layout.verify_files(folder, _needed_entries(ctx, folder, manifest))
     return Fetched(report=_report_problems(ctx, problems), folder=folder, manifest=manifest)
 
 
-def _entries(ctx: Context, manifest: manifest_mod.Manifest) -> tuple[manifest_mod.FileEntry, ...]:
-    return manifest.files[ctx.rank :: ctx.world] if ctx.shared else manifest.files
+def _metadata_entry(manifest: manifest_mod.Manifest) -> tuple[manifest_mod.FileEntry, ...]:
+    return tuple(e for e in manifest.files if e.path == load.METADATA)
+
+
+def _needed_entries(
+    ctx: Context, folder: pathlib.Path, manifest: manifest_mod.Manifest
+) -> tuple[manifest_mod.FileEntry, ...]:
+    """Node-local: the manifest entries of the files this rank's load reads
+    (`folder` holds a verified `.metadata`)."""
+    meta = load.read_metadata(folder)
+    tmpl = load.template(
+        ctx.objects,
+        rank=ctx.rank,
+        same_world=manifest.world_size == ctx.world,
+        # An optional key the checkpoint lacks (CUDA RNG) is not requested.
+        present=meta.state_dict_metadata.keys(),
+    )
+    part = load.own_part(tmpl, rank=ctx.rank, node_local=ctx.world > 1)
+    names = load.needed_files(meta, part) | {load.METADATA}
+    entries = tuple(e for e in manifest.files if e.path in names)
+    unlisted = names - {e.path for e in entries}
+    if unlisted:
+        raise errors.CheckpointError(f"files read by the load are not in the manifest: {unlisted}")
+    return entries
 
 
 def _fetch_remote(ctx: Context, copy: verdict_mod.Copy) -> Fetched:
-    """Download this rank's share of a Cairn step from S3 into a temporary folder."""
+    """Fetch this rank's share of a Cairn step from S3 into a temporary folder."""
     client, s3opts = s3(ctx)
     bucket = copy.bucket or s3opts.bucket
     prefix = copy.folder_prefix or remote.step_prefix(s3opts, copy.step)
     folder = layout.tmp_step_dir(
-        ctx.opts.directory, copy.step, job_uid=ctx.opts.job_uid, attempt=ctx.opts.attempt
+        ctx.opts.directory,
+        copy.step,
+        job_uid=ctx.opts.job_uid,
+        attempt=ctx.opts.attempt,
+        group=ctx.opts.group,
     )
     folder.mkdir(parents=True, exist_ok=True)
     layout.write_writer_marker(folder, job_uid=ctx.opts.job_uid, attempt=ctx.opts.attempt)
     key = f"{prefix}/{manifest_mod.MANIFEST_NAME}"
+    fetched: list[str] = []
+
+    def obtain(
+        found: manifest_mod.Manifest, entries: typing.Sequence[manifest_mod.FileEntry]
+    ) -> None:
+        """Into `folder`: verified local files linked, the rest downloaded."""
+        local = _reusable_local(ctx, copy, found)
+        missing = [e for e in entries if not _link_verified(local, folder, e)]
+        remote.download_files(
+            client,
+            s3opts,
+            bucket=bucket,
+            prefix=remote.data_prefix(prefix, found),
+            folder=folder,
+            names=[e.path for e in missing],
+        )
+        fetched.extend(e.path for e in missing if e.path not in fetched)
 
     def manifest_then_share() -> manifest_mod.Manifest | None:
         raw = remote.get_bytes_or_none(client, bucket, key)
@@ -184,25 +248,68 @@ def _fetch_remote(ctx: Context, copy: verdict_mod.Copy) -> Fetched:
             and not layout.owns(found.job_uid, job_uid=ctx.opts.job_uid)
         ):
             return None  # another job's step in our prefix: never "latest"
-        remote.download_files(
-            client,
-            s3opts,
-            bucket=bucket,
-            prefix=remote.data_prefix(prefix, found),
-            folder=folder,
-            names=[e.path for e in _entries(ctx, found)],
-        )
+        wanted[:] = found.files[ctx.rank :: ctx.world] if ctx.shared else _metadata_entry(found)
+        obtain(found, wanted)
+        if not ctx.shared and not layout.verify_files(folder, tuple(wanted)):
+            # Node-local: the verified `.metadata` says what this rank reads
+            # (a bad one is reported by the verification below).
+            wanted[:] = _needed_entries(ctx, folder, found)
+            obtain(found, wanted)
         return found
 
+    wanted: list[manifest_mod.FileEntry] = []
     manifest = remote.retrying(manifest_then_share, what=f"restoring {copy.label}")
     if manifest is None:
         return Fetched(
             report=_report(ctx, "foreign", "written by another job"), folder=folder, downloaded=True
         )
-    problems = layout.verify_files(folder, _entries(ctx, manifest))
+    problems = layout.verify_files(folder, tuple(wanted))
     return Fetched(
-        report=_report_problems(ctx, problems), folder=folder, manifest=manifest, downloaded=True
+        report=_report_problems(ctx, problems),
+        folder=folder,
+        manifest=manifest,
+        downloaded=True,
+        downloaded_files=tuple(fetched),
     )
+
+
+def _reusable_local(
+    ctx: Context, copy: verdict_mod.Copy, remote_manifest: manifest_mod.Manifest
+) -> pathlib.Path | None:
+    """This rank's committed folder of the same step and commit, if any: its
+    verified files need no download."""
+    if copy.folder_prefix is not None:
+        return None
+    folder = layout.step_dir(ctx.opts.directory, copy.step)
+    try:
+        local = layout.read_manifest(folder)
+    except errors.CheckpointError:
+        return None
+    same = (local.attempt, local.created_at, local.job_uid) == (
+        remote_manifest.attempt,
+        remote_manifest.created_at,
+        remote_manifest.job_uid,
+    )
+    return folder if same else None
+
+
+def _link_verified(
+    local: pathlib.Path | None, folder: pathlib.Path, entry: manifest_mod.FileEntry
+) -> bool:
+    """Hard-link `entry` from the local committed folder into `folder` if it
+    is there and verifies (the committed file is never written to)."""
+    if local is None:
+        return False
+    target = layout.safe_target(folder, entry.path)
+    if target.exists():
+        return not layout.verify_files(folder, (entry,))
+    if layout.verify_files(local, (entry,)):
+        return False
+    try:
+        os.link(layout.safe_target(local, entry.path), target)
+    except OSError:
+        return False  # another filesystem, or not permitted: download instead
+    return True
 
 
 def _fetch_remote_plain(ctx: Context, copy: verdict_mod.Copy) -> Fetched:

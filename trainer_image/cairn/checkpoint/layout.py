@@ -38,7 +38,7 @@ UPLOADED_MARKER = ".uploaded"
 WRITER_MARKER = ".cairn-writer"
 """Written into a temporary step folder before any data: who writes there."""
 _CHUNK = 8 * 1024 * 1024
-_TMP_RE = re.compile(r"^\.step-(\d+)\.tmp-([0-9A-Za-z-]{1,8})-a(\d+)$")
+_TMP_RE = re.compile(r"^\.step-(\d+)\.tmp-([0-9A-Za-z-]{1,8})-a(\d+)(?:g\d+)?$")
 
 Kind = typing.Literal["committed", "foreign", "unreadable", "partial_own", "unknown"]
 """What a step folder is (see `classify`); only `partial_own` may be deleted."""
@@ -49,9 +49,18 @@ def uid8(job_uid: str | None) -> str:
     return job_uid[:8] if job_uid else "local"
 
 
-def tmp_dir_name(step: int, *, job_uid: str | None, attempt: int) -> str:
-    """`.step-<N>.tmp-<uid8>-a<attempt>`: unique per job attempt. Pure."""
-    return f".{manifest_mod.step_dir_name(step)}.tmp-{uid8(job_uid)}-a{attempt}"
+def attempt_token(attempt: int, group: int = 0) -> str:
+    """`a<attempt>`, or `a<attempt>g<group>` for a later Ray rank-actor group. Pure.
+
+    Group 0 (and torchrun, which has no groups) keeps the plain token, so
+    folders and keys of torchrun runs are unchanged."""
+    return f"a{attempt}" if group == 0 else f"a{attempt}g{group}"
+
+
+def tmp_dir_name(step: int, *, job_uid: str | None, attempt: int, group: int = 0) -> str:
+    """`.step-<N>.tmp-<uid8>-<attempt token>`: unique per job attempt and group. Pure."""
+    token = attempt_token(attempt, group)
+    return f".{manifest_mod.step_dir_name(step)}.tmp-{uid8(job_uid)}-{token}"
 
 
 def parse_tmp_dir_name(name: str) -> tuple[int, str, int] | None:
@@ -63,9 +72,9 @@ def parse_tmp_dir_name(name: str) -> tuple[int, str, int] | None:
 
 
 def tmp_step_dir(
-    root: pathlib.Path, step: int, *, job_uid: str | None, attempt: int
+    root: pathlib.Path, step: int, *, job_uid: str | None, attempt: int, group: int = 0
 ) -> pathlib.Path:
-    return root / tmp_dir_name(step, job_uid=job_uid, attempt=attempt)
+    return root / tmp_dir_name(step, job_uid=job_uid, attempt=attempt, group=group)
 
 
 def step_dir(root: pathlib.Path, step: int) -> pathlib.Path:

@@ -16,10 +16,15 @@ save when there was none) by the pure `decide`:
 
 After that the main namespace is linear again: "latest = highest step"
 holds for restore, rotation, the operator and the plugin. A branch record
-`<root>/.cairn/lineage.json` is written before the moves and cleared after,
-so a start-up that finds pending supersedes finishes them first
-(`finish_pending`). `save(step)` with a step at or below the lineage's
-latest committed step is refused (`check_save`), never skipped.
+(`.cairn/lineage.json`) is written before the moves and cleared after, in
+S3 FIRST (`<prefix>/.cairn/lineage.json`), then on the volume; a start-up
+that finds one (either: a node-local emptyDir comes back empty, so only the
+S3 record survives a lost pod) finishes the pending supersedes before
+anything picks "latest" (`finish_pending`). The record names each step to
+move by its manifest identity (attempt, created_at), so finishing a stale
+record can never move a newer step of the same number. `save(step)` with a
+step at or below the lineage's latest committed step is refused
+(`check_save`), never skipped.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ import os
 import pathlib
 import typing
 
+import botocore.exceptions
+
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import aside, errors, events, layout, options, remote
+from cairn.checkpoint import aside, errors, events, faults, layout, options, remote
 from cairn.checkpoint import coordinator as coordinator_mod
 
 if typing.TYPE_CHECKING:
@@ -128,9 +135,9 @@ def check_save(step: int, *, latest: int | None, lineage: str) -> None:
 
 def own_remote_steps(
     client: S3Client, s3opts: options.S3Options, *, job_uid: str | None
-) -> dict[int, str | None]:
-    """This job's remote committed steps -> their lineage (manifests of others skipped)."""
-    found: dict[int, str | None] = {}
+) -> dict[int, manifest_mod.Manifest]:
+    """This job's remote committed steps -> their manifest (manifests of others skipped)."""
+    found: dict[int, manifest_mod.Manifest] = {}
     for step in remote.committed_steps(client, s3opts):
         key = f"{remote.step_prefix(s3opts, step)}/{manifest_mod.MANIFEST_NAME}"
         body = remote.retrying(
@@ -145,17 +152,65 @@ def own_remote_steps(
             log.warning("remote step %d not considered for the lineage: %s", step, exc)
             continue
         if layout.owns(doc.job_uid, job_uid=job_uid):
-            found[step] = doc.lineage
+            found[step] = doc
     return found
 
 
-def own_local_steps(root: pathlib.Path, *, job_uid: str | None) -> dict[int, str | None]:
-    """This job's local committed steps -> their lineage."""
-    found: dict[int, str | None] = {}
+def own_local_steps(root: pathlib.Path, *, job_uid: str | None) -> dict[int, manifest_mod.Manifest]:
+    """This job's local committed steps -> their manifest."""
+    found: dict[int, manifest_mod.Manifest] = {}
     for step in layout.committed_steps(root, job_uid=job_uid):
         with contextlib.suppress(errors.CheckpointError):
-            found[step] = layout.read_manifest(layout.step_dir(root, step)).lineage
+            found[step] = layout.read_manifest(layout.step_dir(root, step))
     return found
+
+
+Expect = dict[str, dict[str, typing.Any]]
+"""step (as a JSON key) -> the identity of the manifest a branch supersedes."""
+
+
+def identities(decision: Decision, found: typing.Mapping[int, manifest_mod.Manifest]) -> Expect:
+    """The manifest identity (attempt, created_at) of each step to supersede. Pure."""
+    return {
+        str(step): {"attempt": found[step].attempt, "created_at": found[step].created_at}
+        for step in decision.supersede
+        if step in found
+    }
+
+
+def to_move(
+    decision: Decision, found: typing.Mapping[int, manifest_mod.Manifest], expect: Expect
+) -> dict[int, str]:
+    """Steps to move aside -> their aside tag (old lineage). Pure.
+
+    Only a step whose manifest is still the one the branch named: a step
+    committed later under the same number (by the new lineage, after the
+    moves) is never moved by a stale record.
+    """
+    moves: dict[int, str] = {}
+    for step in decision.supersede:
+        manifest, wanted = found.get(step), expect.get(str(step))
+        if manifest is None or wanted is None:
+            continue
+        if manifest.attempt != wanted["attempt"] or manifest.created_at != wanted["created_at"]:
+            continue
+        moves[step] = manifest.lineage or LEGACY_LINEAGE
+    return moves
+
+
+def local_supersede(decision: Decision, local_steps: typing.Collection[int]) -> Decision:
+    """The decision as one node-local rank applies it to its own volume. Pure.
+
+    Besides the steps rank 0 named, a step on this volume newer than the
+    lineage's latest is not in the linear history (rank 0 no longer has it,
+    e.g. after a branch finished from the S3 record while this volume kept
+    old-lineage folders): moved aside too, else this rank's next commit of
+    that number would collide with it.
+    """
+    stray = {s for s in local_steps if decision.latest is None or s > decision.latest}
+    if stray <= set(decision.supersede):
+        return decision
+    return dataclasses.replace(decision, supersede=tuple(sorted(stray | set(decision.supersede))))
 
 
 def _write_record(root: pathlib.Path, doc: dict[str, typing.Any] | None) -> None:
@@ -185,26 +240,66 @@ def read_record(root: pathlib.Path) -> dict[str, typing.Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def supersede_local(
+def remote_record_key(s3opts: options.S3Options) -> str:
+    """`<prefix>/.cairn/lineage.json`. Pure."""
+    return f"{s3opts.prefix}/{RECORD}" if s3opts.prefix else str(RECORD)
+
+
+def read_remote_record(client: S3Client, s3opts: options.S3Options) -> dict[str, typing.Any] | None:
+    """The branch record in S3 (None when absent); RemoteError when S3 fails."""
+    key = remote_record_key(s3opts)
+    body = remote.retrying(
+        functools.partial(remote.get_bytes_or_none, client, s3opts.bucket, key),
+        what=f"reading s3://{s3opts.bucket}/{key}",
+    )
+    if body is None:
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise errors.CheckpointError(f"s3://{s3opts.bucket}/{key} cannot be read: {exc}") from exc
+    return doc if isinstance(doc, dict) else None
+
+
+def _write_remote_record(
+    client: S3Client, s3opts: options.S3Options, doc: dict[str, typing.Any] | None
+) -> None:
+    key = remote_record_key(s3opts)
+    try:
+        if doc is None:
+            client.delete_object(Bucket=s3opts.bucket, Key=key)
+        else:
+            client.put_object(Bucket=s3opts.bucket, Key=key, Body=json.dumps(doc).encode())
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        raise errors.RemoteError(f"branch record s3://{s3opts.bucket}/{key}: {exc}") from exc
+
+
+def pending_of(
+    record: typing.Mapping[str, typing.Any] | None, *, job_uid: str | None
+) -> tuple[Decision, Expect | None] | None:
+    """The pending branch of a record of this job (None: none, or another job's). Pure."""
+    if record is None or not layout.owns(record.get("job_uid"), job_uid=job_uid):
+        return None
+    pending = record.get("pending")
+    if not isinstance(pending, dict):
+        return None
+    expect = record.get("expect")
+    return Decision.from_json(pending), expect if isinstance(expect, dict) else None
+
+
+def _supersede_local(
     root: pathlib.Path,
     decision: Decision,
+    moves: typing.Mapping[int, str],
     *,
-    job_uid: str | None,
     rank: int,
     callbacks: typing.Sequence[events.ProgressCallback],
 ) -> None:
     """Move this volume's superseded steps aside (rename; never deleted)."""
-    mine = own_local_steps(root, job_uid=job_uid)
     reason = f"superseded by lineage {decision.lineage} (branched from {decision.parent})"
-    for step in decision.supersede:
-        if step not in mine:
-            continue
+    for step, tag in sorted(moves.items()):
         aside.move_aside_local(
-            root,
-            layout.step_dir(root, step),
-            kind="superseded",
-            tag=mine[step] or LEGACY_LINEAGE,
-            reason=reason,
+            root, layout.step_dir(root, step), kind="superseded", tag=tag, reason=reason
         )
         events.emit(
             callbacks,
@@ -212,22 +307,20 @@ def supersede_local(
         )
 
 
-def supersede_remote(
-    client: S3Client, s3opts: options.S3Options, decision: Decision, *, job_uid: str | None
+def _supersede_remote(
+    client: S3Client,
+    s3opts: options.S3Options,
+    decision: Decision,
+    moves: typing.Mapping[int, str],
 ) -> None:
     """Move the superseded steps' manifests aside in S3 (data objects stay)."""
-    if not decision.supersede:
-        return
-    mine = own_remote_steps(client, s3opts, job_uid=job_uid)
-    for step in decision.supersede:
-        if step not in mine:
-            continue
+    for step, tag in sorted(moves.items()):
         aside.move_aside_remote(
             client,
             s3opts,
             step,
             kind="superseded",
-            tag=mine[step] or LEGACY_LINEAGE,
+            tag=tag,
             reason=f"superseded by lineage {decision.lineage} (branched from {decision.parent})",
         )
 
@@ -249,39 +342,75 @@ def apply_branch(
     decision: Decision,
     *,
     callbacks: typing.Sequence[events.ProgressCallback],
+    expect: Expect | None = None,
 ) -> None:
-    """Branch record first, then S3 (rank 0), then this volume, then clear the record.
+    """Record (S3 first, then the volume) → this volume's moves → S3's moves → clear.
 
-    An interruption anywhere leaves the record; `finish_pending` at the next
-    start-up completes the moves before anything picks "latest".
+    An interruption anywhere leaves a record where the next start-up looks:
+    the S3 one survives a lost node-local volume, the local one an S3
+    outage. `expect` (from a record being finished) names the manifests to
+    move; a live branch takes them from what it sees now.
     """
     if not decision.supersede:
         return
-    _write_record(volume.root, {"job_uid": volume.job_uid, "pending": decision.to_json()})
-    if volume.client is not None and volume.s3opts is not None:
-        supersede_remote(volume.client, volume.s3opts, decision, job_uid=volume.job_uid)
-    supersede_local(
-        volume.root, decision, job_uid=volume.job_uid, rank=volume.rank, callbacks=callbacks
+    s3 = (volume.client, volume.s3opts) if volume.client and volume.s3opts else None
+    local = own_local_steps(volume.root, job_uid=volume.job_uid)
+    remote_found = own_remote_steps(*s3, job_uid=volume.job_uid) if s3 else {}
+    if expect is None:
+        expect = identities(decision, {**remote_found, **local})
+    doc = {
+        "job_uid": volume.job_uid,
+        "attempt": volume.attempt,
+        "pending": decision.to_json(),
+        "expect": expect,
+    }
+    if s3:
+        _write_remote_record(*s3, doc)
+    _write_record(volume.root, doc)
+    _supersede_local(
+        volume.root,
+        decision,
+        to_move(decision, local, expect),
+        rank=volume.rank,
+        callbacks=callbacks,
     )
+    branch_point = -1 if decision.parent is None else decision.parent.step
+    faults.pause_point("supersede", rank=volume.rank, step=branch_point)
+    if s3:
+        _supersede_remote(*s3, decision, to_move(decision, remote_found, expect))
     _write_record(volume.root, None)
+    if s3:
+        _write_remote_record(*s3, None)
 
 
 def finish_pending(
     volume: Volume, *, callbacks: typing.Sequence[events.ProgressCallback]
-) -> Decision | None:
-    """A crashed branch left supersedes pending: finish them before anything picks "latest"."""
-    record = read_record(volume.root)
-    if record is None:
-        return None
-    pending = record.get("pending")
-    if not layout.owns(record.get("job_uid"), job_uid=volume.job_uid) or not isinstance(
-        pending, dict
-    ):
-        return None  # another job's record: not ours to act on
-    decision = Decision.from_json(pending)
-    log.warning("finishing the supersedes of an interrupted branch: %s", decision)
-    apply_branch(volume, decision, callbacks=callbacks)
-    return decision
+) -> list[Decision]:
+    """Crashed branches left supersedes pending: finish them before anything picks "latest".
+
+    Reads the volume's record and (rank 0) the S3 one. S3 unreadable: logged,
+    the S3 record stays for the next start (restore, which lists S3 too,
+    then fails visibly rather than choose from a half-branched prefix).
+    """
+    records = [read_record(volume.root)]
+    if volume.client is not None and volume.s3opts is not None:
+        try:
+            records.append(read_remote_record(volume.client, volume.s3opts))
+        except errors.RemoteError as exc:
+            log.warning("branch record in S3 unreadable (%s): not finished now", exc)
+            volume = dataclasses.replace(volume, client=None, s3opts=None)
+    finished: list[Decision] = []
+    seen: list[dict[str, typing.Any]] = []
+    for record in records:
+        pending = pending_of(record, job_uid=volume.job_uid)
+        if record is None or pending is None or record in seen:
+            continue  # none, another job's record, or the same record twice
+        seen.append(record)
+        decision, expect = pending
+        log.warning("finishing the supersedes of an interrupted branch: %s", decision)
+        apply_branch(volume, decision, callbacks=callbacks, expect=expect)
+        finished.append(decision)
+    return finished
 
 
 def begin(
@@ -319,7 +448,7 @@ def begin(
                 own = {**remote_own, **own}
             decision = decide(
                 loaded=loaded,
-                loaded_lineage=None if loaded is None or imported else own.get(loaded),
+                loaded_lineage=None if loaded is None or imported else _lineage_of(own.get(loaded)),
                 own_steps=own.keys(),
                 job_uid=volume.job_uid,
                 attempt=volume.attempt,
@@ -337,5 +466,10 @@ def begin(
         raise errors.CheckpointError(f"lineage decision failed on rank 0: {result['error']}")
     decision = Decision.from_json(result["decision"])
     if not shared:
-        apply_branch(volume, decision, callbacks=callbacks)
+        local = own_local_steps(volume.root, job_uid=volume.job_uid)
+        apply_branch(volume, local_supersede(decision, local.keys()), callbacks=callbacks)
     return decision
+
+
+def _lineage_of(manifest: manifest_mod.Manifest | None) -> str | None:
+    return None if manifest is None else manifest.lineage

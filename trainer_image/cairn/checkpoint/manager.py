@@ -48,6 +48,7 @@ from cairn.checkpoint import (
     gpu,
     layout,
     lineage,
+    load,
     options,
     pipeline,
     remote,
@@ -57,6 +58,7 @@ from cairn.checkpoint import (
     upload_backlog,
 )
 from cairn.checkpoint import coordinator as coordinator_mod
+from cairn.checkpoint import fence as fence_mod
 from cairn.checkpoint import restore as restore_mod
 
 if typing.TYPE_CHECKING:
@@ -100,6 +102,13 @@ class CheckpointManager:
         # attempt never read each other's keys.
         namespace = f"cairn-ckpt/attempt-{opts.attempt}/manager-{next(_instances)}"
         self._coord = coordinator or coordinator_mod.from_default_group(namespace=namespace)
+        if isinstance(self._coord, coordinator_mod.Fencing):
+            # The Ray monitor refuses a replaced rank-actor group right before
+            # each commit, besides the local file and the API server.
+            own = (self._opts.fence,) if self._opts.fence is not None else ()
+            self._opts = opts = dataclasses.replace(
+                opts, fence=fence_mod.AllOf(fences=(*own, self._coord.commit_fence()))
+            )
         self._rank = self._coord.rank
         self._pg: dist.ProcessGroup | None = None
         if dist.is_available() and dist.is_initialized():
@@ -187,6 +196,7 @@ class CheckpointManager:
             attempt=self._opts.attempt,
             rank=self._rank,
             callbacks=self._callbacks,
+            group=self._opts.group,
         )
         lineage.finish_pending(self._volume(), callbacks=self._callbacks)
         rotation.rotate(
@@ -263,8 +273,7 @@ class CheckpointManager:
         t0 = time.monotonic()
         self.wait_until_finished()
         snapshot = {
-            restore_mod.state_key(name, obj, self._rank): obj.state_dict()
-            for name, obj in objects.items()
+            load.state_key(name, obj, self._rank): obj.state_dict() for name, obj in objects.items()
         }
         faults.pause_point("staging", rank=self._rank, step=step)
         staged = self._stage(snapshot)

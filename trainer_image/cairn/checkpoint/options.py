@@ -76,8 +76,15 @@ class CheckpointOptions:
     """Committed steps kept locally (>= 2: the newest may still be writing)."""
     max_bytes: int | None = None
     """Local byte budget for kept committed steps (protected steps are always kept)."""
+    keep_aside: int = 3
+    """Folders kept per kind under `<root>/.cairn/quarantine` and
+    `.cairn/superseded` (this job's only; see `aside.plan_prune`)."""
     attempt: int = 0
     """Attempt id of this run (the operator's restart counter); fences commits."""
+    group: int = 0
+    """Generation of the Ray rank-actor group within the attempt (`status.ray.group`,
+    pod env of the rank actors `CAIRN_RAY_GROUP`); 0 under torchrun. A writer's
+    identity is (attempt, group): an in-place restart fences the old group."""
     job_uid: str | None = None
     """UID of the TrainingJob (pod env CAIRN_JOB_UID). Recorded in manifests, the
     fence and folder names; steps of another UID are foreign (kept, never
@@ -120,10 +127,14 @@ class CheckpointOptions:
             raise ValueError(
                 f"CheckpointOptions.keep_last must be >= {retention.MIN_LOCAL_KEEP_LAST}"
             )
+        if self.keep_aside < 1:
+            raise ValueError("CheckpointOptions.keep_aside must be >= 1")
         if self.max_bytes is not None and self.max_bytes <= 0:
             raise ValueError("CheckpointOptions.max_bytes must be > 0 or None")
         if self.attempt < 0:
             raise ValueError("CheckpointOptions.attempt must be >= 0")
+        if self.group < 0:
+            raise ValueError("CheckpointOptions.group must be >= 0")
         if self.write_threads < 1:
             raise ValueError("CheckpointOptions.write_threads must be >= 1")
         if self.timeout_seconds <= 0:

@@ -25,6 +25,7 @@ training process group); DCP's own collectives run on a dedicated gloo group.
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -47,6 +48,7 @@ from cairn.checkpoint import (
     events,
     faults,
     layout,
+    load,
     options,
     remote,
     rotation,
@@ -116,7 +118,11 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
     key = f"step-{step}"
     folder = layout.step_dir(ctx.opts.directory, step)
     tmp = layout.tmp_step_dir(
-        ctx.opts.directory, step, job_uid=ctx.opts.job_uid, attempt=ctx.opts.attempt
+        ctx.opts.directory,
+        step,
+        job_uid=ctx.opts.job_uid,
+        attempt=ctx.opts.attempt,
+        group=ctx.opts.group,
     )
     timeout = ctx.opts.timeout_seconds
     try:
@@ -136,6 +142,7 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
             state_dict_saver.save(
                 state,
                 storage_writer=writer,
+                planner=load.save_planner(),
                 process_group=ctx.process_group,
                 no_dist=ctx.process_group is None,
             )
@@ -207,7 +214,10 @@ def _commit(
         manifest = manifest_mod.Manifest.model_validate(result["manifest"])
         if not ctx.shared:
             # This rank's volume gets the same committed step (its own files,
-            # the manifest listing every rank's), fenced by its own file.
+            # rank 0's `.metadata`, the manifest listing every rank's),
+            # fenced by its own file. With `.metadata` here a restore knows
+            # which files this rank reads without another node (`load`).
+            _write_metadata(tmp, result.get("metadata"))
             _fence_local(ctx)
             faults.pause_point("commit", rank=coord.rank, step=ctx.step)
             _commit_here(ctx, tmp=tmp, folder=folder, manifest=manifest)
@@ -221,18 +231,33 @@ def _commit(
         _fence(ctx)
         faults.pause_point("commit", rank=0, step=ctx.step)
         _commit_here(ctx, tmp=tmp, folder=folder, manifest=manifest)
+        doc: dict[str, typing.Any] = {"manifest": manifest.model_dump(mode="json")}
+        if not ctx.shared:
+            doc["metadata"] = base64.b64encode((folder / load.METADATA).read_bytes()).decode()
     except BaseException as exc:
         coord.propose(f"{key}/committed", {"error": repr(exc)})
         raise
-    coord.propose(f"{key}/committed", {"manifest": manifest.model_dump(mode="json")})
+    coord.propose(f"{key}/committed", doc)
     return manifest
+
+
+def _write_metadata(tmp: pathlib.Path, encoded: str | None) -> None:
+    """Node-local: rank 0's `.metadata` into this rank's temporary folder (fsynced)."""
+    if encoded is None:
+        return
+    target = tmp / load.METADATA
+    with target.open("wb") as stream:
+        stream.write(base64.b64decode(encoded))
+        stream.flush()
+        os.fsync(stream.fileno())
+    layout.fsync_dir(tmp)
 
 
 def data_prefix(opts: options.CheckpointOptions) -> str | None:
     """The attempt-scoped S3 sub-prefix of this attempt's data objects. Pure."""
     if opts.s3 is None:
         return None
-    return f"a{opts.attempt}-{layout.uid8(opts.job_uid)}"
+    return f"{layout.attempt_token(opts.attempt, opts.group)}-{layout.uid8(opts.job_uid)}"
 
 
 def _build_manifest(
@@ -259,7 +284,9 @@ def _build_manifest(
 
 
 def _fence_local(ctx: StepContext) -> None:
-    fence_mod.LocalFence(root=ctx.opts.directory, job_uid=ctx.opts.job_uid).check(ctx.opts.attempt)
+    fence_mod.LocalFence(
+        root=ctx.opts.directory, job_uid=ctx.opts.job_uid, group=ctx.opts.group
+    ).check(ctx.opts.attempt)
 
 
 def _fence(ctx: StepContext) -> None:

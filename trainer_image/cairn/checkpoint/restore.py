@@ -1,17 +1,23 @@
-"""Resume: plan candidate copies → fetch and verify a share → agree → load.
+"""Resume: observe the copies → fetch and verify a share → decide → act.
 
-    restore()          one call on every rank, in the same order
-      _plan            rank 0 lists the copies to try, newest step first
-                       (the local folder, then the S3 copy of each step) and
-                       broadcasts them; an explicit target that does not exist
-                       or is of a newer format is a ConfigurationError
-      _fetch           each rank checks ITS share of one copy (downloads it
-                       first for S3, with bounded retries of transient errors)
-      _agree           all ranks' reports → one verdict (`cairn.checkpoint.verdict`)
-      _reject          a proven-corrupt copy of this job is quarantined (moved
-                       aside, locally and/or in S3); anything else is kept
-      _use             the first verified copy is installed and loaded with DCP,
-                       which reshards to the current world size
+    restore()          one call on every rank, in the same order; reads as
+                       observe → decide → act for each copy, newest first:
+      candidates.plan  observe (rank 0): the copies to try, newest step
+                       first (the local folder, then the S3 copy of each
+                       step), broadcast; an explicit target that does not
+                       exist or is of a newer format is a ConfigurationError
+      fetch            observe (every rank): ITS share of one copy
+                       (`cairn.checkpoint.fetch`; downloads what it lacks
+                       from S3, with bounded retries of transient errors)
+      _agree           decide: all ranks' reports → one verdict and one
+                       action (`verdict.judge`, `verdict.action`: pure)
+      _use / _reject   act: load the first verified copy with DCP (which
+                       reshards; `cairn.checkpoint.load`), or quarantine a
+                       proven-corrupt copy of this job and try the next
+      _give_up         decide once every copy failed (`verdict.give_up`:
+                       pure): a ConfigurationError for an explicit target,
+                       a CheckpointError when committed steps all failed,
+                       None (fresh start) when there was nothing
 
 Nothing here deletes a step. A copy that cannot be read (EACCES on one
 rank, a manifest of a newer format, an absent file) is skipped and kept; a
@@ -35,20 +41,18 @@ import pathlib
 import shutil
 import typing
 
-import pydantic
 import torch.distributed as dist
-from torch.distributed.checkpoint import state_dict_loader
 
-from cairn.api import checkpointspec
 from cairn.api import manifest as manifest_mod
 from cairn.checkpoint import (
     aside,
+    candidates,
     errors,
     events,
     foreign,
     layout,
+    load,
     options,
-    remote,
     startup,
     state,
 )
@@ -80,11 +84,27 @@ class RestoreResult:
     """Where an S3 import came from."""
     quarantined: tuple[str, ...] = ()
     """Where proven-corrupt copies were moved (paths / S3 keys)."""
+    downloaded: tuple[str, ...] = ()
+    """Files THIS rank downloaded from S3 for the copies it tried."""
 
 
-def state_key(name: str, obj: object, rank: int) -> str:
-    """The checkpoint key of a Stateful (per-rank objects get their rank). Pure."""
-    return f"{name}/rank-{rank}" if state.is_per_rank(obj) else name
+state_key = load.state_key
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Tried:
+    """What the copies tried so far left behind (this rank's view)."""
+
+    failed: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    quarantined: list[str] = dataclasses.field(default_factory=list)
+    downloaded: list[str] = dataclasses.field(default_factory=list)
+
+    def skip(self, copy: verdict_mod.Copy, found: verdict_mod.Verdict, moved: list[str]) -> None:
+        kept = f"quarantined to {', '.join(moved)}" if moved else "kept"
+        self.failed.setdefault(copy.step, []).append(
+            f"{copy.source} {found.status} ({kept}): {found.reason}"
+        )
+        self.quarantined.extend(moved)
 
 
 def restore(
@@ -107,12 +127,6 @@ def restore(
     TransportError when S3 kept failing, CheckpointError when committed
     steps exist but none verifies.
     """
-    shared = startup.probe_shared(
-        directory=opts.directory,
-        coordinator=coordinator,
-        namespace=namespace,
-        timeout=opts.timeout_seconds,
-    )
     ctx = fetch_mod.Context(
         opts=opts,
         coordinator=coordinator,
@@ -120,178 +134,42 @@ def restore(
         s3_client=s3_client,
         callbacks=tuple(callbacks),
         namespace=namespace,
-        shared=shared,
+        shared=startup.probe_shared(
+            directory=opts.directory,
+            coordinator=coordinator,
+            namespace=namespace,
+            timeout=opts.timeout_seconds,
+        ),
         explicit=step is not None or uri is not None,
         key_map=key_map,
+        objects=objects,
     )
-    copies = _plan(ctx, step=step, uri=uri)
-    failed: dict[int, list[str]] = {}
-    quarantined: list[str] = []
-    for index, copy in enumerate(copies):
+    tried = _Tried()
+    for index, copy in enumerate(candidates.plan(ctx, step=step, uri=uri)):
         key = f"{namespace}/copy-{index}"
         fetched = fetch_mod.fetch(ctx, copy)
+        tried.downloaded.extend(fetched.downloaded_files)
         found = _agree(ctx, key, fetched.report)
-        if found.status == "ok":
+        if verdict_mod.action(found.status, ours=_ours(ctx, copy, fetched)) == "load":
             result = _use(ctx, copy, fetched, key=key, objects=objects, uri=uri)
-            skipped = _report_skipped(ctx, failed, loaded=copy.step)
-            return dataclasses.replace(result, skipped=skipped, quarantined=tuple(quarantined))
+            return dataclasses.replace(
+                result,
+                skipped=_report_skipped(ctx, tried.failed, loaded=copy.step),
+                quarantined=tuple(tried.quarantined),
+                downloaded=tuple(tried.downloaded),
+            )
         log.warning("checkpoint %s not loadable (%s): %s", copy.label, found.status, found.reason)
-        moved = _reject(ctx, copy, fetched, found, key=key)
-        kept = f"quarantined to {', '.join(moved)}" if moved else "kept"
-        failed.setdefault(copy.step, []).append(
-            f"{copy.source} {found.status} ({kept}): {found.reason}"
-        )
-        quarantined.extend(moved)
-    skipped = _report_skipped(ctx, failed, loaded=None)
-    if ctx.explicit:
-        target = uri if uri is not None else f"step {step}"
-        raise errors.ConfigurationError(
-            f"resume target {target} cannot be loaded: "
-            + "; ".join(reason for _, reason in skipped)
-        )
-    if skipped:
-        raise errors.CheckpointError(
-            "no committed checkpoint step verified: "
-            + "; ".join(f"step {s}: {r}" for s, r in skipped)
-        )
+        tried.skip(copy, found, _reject(ctx, copy, fetched, found, key=key))
+    _give_up(ctx, tried, target=uri if uri is not None else step)
     return None
 
 
-# -- plan: which copies, in which order (rank 0 decides, everyone follows) ----------
-
-
-def _plan(ctx: fetch_mod.Context, *, step: int | None, uri: str | None) -> list[verdict_mod.Copy]:
-    key = f"{ctx.namespace}/plan"
-    if ctx.rank == 0:
-        try:
-            copies = [_plan_uri(ctx, uri)] if uri is not None else _plan_steps(ctx, step)
-        except Exception as exc:
-            ctx.coordinator.broadcast(key, _error_doc(exc))
-            raise
-        ctx.coordinator.broadcast(key, {"copies": [c.to_json() for c in copies]})
-        return copies
-    plan = ctx.coordinator.wait_for(key, timeout=ctx.timeout)
-    _raise_error_doc(plan, where="resume planning on rank 0")
-    return [verdict_mod.Copy.from_json(doc) for doc in plan["copies"]]
-
-
-def _plan_steps(ctx: fetch_mod.Context, step: int | None) -> list[verdict_mod.Copy]:
-    """Copies of this job's committed steps, newest first: local, then S3."""
-    opts = ctx.opts
-    kinds = {
-        n: layout.classify(folder, job_uid=opts.job_uid)
-        for n, folder in layout.step_dirs(opts.directory).items()
-    }
-    remote_steps: set[int] = set()
-    if ctx.s3_client is not None and opts.s3 is not None:
-        client, s3opts = ctx.s3_client, opts.s3
-        listed = remote.retrying(
-            lambda: remote.committed_steps(client, s3opts), what="listing remote steps"
-        )
-        remote_steps = set(listed)
-    if step is not None:
-        return _plan_explicit(ctx, step, kinds=kinds, remote_steps=remote_steps)
-    for n, kind in sorted(kinds.items(), reverse=True):
-        if kind not in ("committed", "partial_own"):
-            log.warning("checkpoint folder step %d is %s: kept, not a resume candidate", n, kind)
-    local = {n for n, kind in kinds.items() if kind == "committed"}
-    copies: list[verdict_mod.Copy] = []
-    for n in sorted(local | remote_steps, reverse=True):
-        if n in local:
-            copies.append(verdict_mod.Copy(step=n, source="local"))
-        if n in remote_steps:
-            copies.append(verdict_mod.Copy(step=n, source="s3"))
-    return copies
-
-
-def _plan_explicit(
-    ctx: fetch_mod.Context, step: int, *, kinds: dict[int, layout.Kind], remote_steps: set[int]
-) -> list[verdict_mod.Copy]:
-    kind = kinds.get(step)
-    copies: list[verdict_mod.Copy] = []
-    if kind == "unreadable":
-        folder = layout.step_dir(ctx.opts.directory, step)
-        raise errors.ConfigurationError(
-            f"requested resume step {step}: {folder} is unreadable here ({_why_unreadable(folder)})"
-        )
-    if kind == "committed":
-        copies.append(verdict_mod.Copy(step=step, source="local"))
-    elif kind == "foreign":
-        plain = not (
-            layout.step_dir(ctx.opts.directory, step) / manifest_mod.MANIFEST_NAME
-        ).exists()
-        copies.append(verdict_mod.Copy(step=step, source="local", own=False, plain_dcp=plain))
-    if step in remote_steps:
-        copies.append(verdict_mod.Copy(step=step, source="s3"))
-    if not copies:
-        raise errors.ConfigurationError(
-            f"requested resume step {step} is not committed anywhere"
-            f" (local: {kind or 'absent'}; S3: {'listed' if step in remote_steps else 'absent'})"
-        )
-    return copies
-
-
-def _why_unreadable(folder: pathlib.Path) -> str:
-    try:
-        layout.read_manifest(folder)
-    except (errors.CheckpointError, ValueError, OSError) as exc:  # newer format, invalid, EACCES
-        return str(exc)
-    return "manifest of another step"
-
-
-def _plan_uri(ctx: fetch_mod.Context, uri: str) -> verdict_mod.Copy:
-    """What is at resume.uri: a Cairn step folder or a plain DCP checkpoint."""
-    client, s3opts = fetch_mod.s3(ctx)
-    bucket, prefix = checkpointspec.split_s3_uri(uri)
-    raw = remote.retrying(
-        lambda: remote.get_bytes_or_none(client, bucket, f"{prefix}/{manifest_mod.MANIFEST_NAME}"),
-        what=f"reading {uri}",
-    )
-    if raw is not None:
-        try:
-            found = manifest_mod.parse_manifest(raw)
-        except (pydantic.ValidationError, ValueError) as exc:
-            raise errors.ConfigurationError(f"{uri}/manifest.json cannot be used: {exc}") from exc
-        return verdict_mod.Copy(
-            step=found.step, source="s3", own=False, bucket=bucket, folder_prefix=prefix
-        )
-    sizes = remote.retrying(
-        lambda: remote.list_sizes(client, bucket, prefix), what=f"listing {uri}"
-    )
-    if foreign.DCP_METADATA not in sizes:
-        raise errors.ConfigurationError(
-            f"{uri} holds neither a Cairn manifest.json nor a DCP .metadata"
-            f" ({len(sizes)} objects under it): not a checkpoint"
-        )
-    folder = fetch_mod.import_dir(ctx)
-    remote.retrying(
-        lambda: remote.download_files(
-            client, s3opts, bucket=bucket, prefix=prefix, folder=folder, names=[".metadata"]
-        ),
-        what=f"reading {uri}/.metadata",
-    )
-    problems = foreign.verify_listing(sizes, foreign.read_metadata(folder))
-    if problems:
-        raise errors.ConfigurationError(f"{uri} is an incomplete DCP checkpoint: {problems[:5]}")
-    return verdict_mod.Copy(
-        step=0, source="s3", own=False, plain_dcp=True, bucket=bucket, folder_prefix=prefix
-    )
-
-
-def _error_doc(exc: BaseException) -> dict[str, typing.Any]:
-    return {"error": str(exc) or repr(exc), "type": type(exc).__name__}
-
-
-def _raise_error_doc(doc: typing.Mapping[str, typing.Any], *, where: str) -> None:
-    """Raise on this rank what another rank raised (same type for the known ones)."""
-    if not doc.get("error"):
-        return
-    kinds: dict[str, type[errors.CheckpointError]] = {
-        "ConfigurationError": errors.ConfigurationError,
-        "TransportError": errors.TransportError,
-        "RemoteError": errors.RemoteError,
-    }
-    raise kinds.get(doc.get("type", ""), errors.CheckpointError)(f"{where}: {doc['error']}")
+def _give_up(ctx: fetch_mod.Context, tried: _Tried, *, target: str | int | None) -> None:
+    """No copy loaded: report every skipped step, then raise or start fresh."""
+    skipped = _report_skipped(ctx, tried.failed, loaded=None)
+    error = verdict_mod.give_up(skipped, explicit=ctx.explicit, target=target)
+    if error is not None:
+        raise error
 
 
 # -- agree: every rank acts on the same verdict ----------------------------------------
@@ -302,6 +180,7 @@ def _agree(ctx: fetch_mod.Context, key: str, report: verdict_mod.Report) -> verd
     ctx.coordinator.publish(f"{key}/verified", report.to_json())
     reports = ctx.coordinator.gather(f"{key}/verified", timeout=ctx.timeout)
     found = verdict_mod.judge([verdict_mod.Report.from_json(doc) for doc in reports])
+    # `verdict.action` is "fail" for these two: the network is never a reason to fall back.
     if found.status == "transport":
         raise errors.TransportError(
             f"restore failed, S3 kept failing (not falling back): {found.reason}"
@@ -329,7 +208,7 @@ def _reject(
 ) -> list[str]:
     """Quarantine a proven-corrupt copy of this job; drop our own download."""
     moved: list[str] = []
-    if found.status == "corrupt" and _ours(ctx, copy, fetched):
+    if verdict_mod.action(found.status, ours=_ours(ctx, copy, fetched)) == "quarantine":
         reason = f"corrupt: {found.reason}"
         if copy.source == "local":
             mine = ctx.rank == 0 if ctx.shared else fetched.report.status == "corrupt"
@@ -427,9 +306,23 @@ def _use(
         )
     else:
         assert fetched.manifest is not None
-        result = _load(folder=folder, manifest=fetched.manifest, objects=objects, ctx=ctx)
-        imported_step = not _ours(ctx, copy, fetched)
-        result = dataclasses.replace(result, source=copy.source, imported=imported_step, uri=uri)
+        loaded = load.load(
+            folder,
+            manifest=fetched.manifest,
+            objects=objects,
+            rank=ctx.rank,
+            world=ctx.world,
+            node_local=not ctx.shared,
+            process_group=ctx.process_group,
+        )
+        result = RestoreResult(
+            step=loaded.step,
+            source=copy.source,
+            skipped_state=loaded.skipped_state,
+            world_size=loaded.world_size,
+            imported=not _ours(ctx, copy, fetched),
+            uri=uri,
+        )
     if fetched.downloaded:
         # Every rank passes this barrier (a node-local rank may have installed
         # its download while another loaded from its temporary folder).
@@ -460,12 +353,12 @@ def _install(
         try:
             where = _commit_download(fetched.folder, final, fetched.manifest)
         except Exception as exc:
-            ctx.coordinator.broadcast(f"{key}/installed", _error_doc(exc))
+            ctx.coordinator.broadcast(f"{key}/installed", errors.to_doc(exc))
             raise
         ctx.coordinator.broadcast(f"{key}/installed", {"folder": str(where)})
         return where
     doc = ctx.coordinator.wait_for(f"{key}/installed", timeout=ctx.timeout)
-    _raise_error_doc(doc, where="installing the download on rank 0")
+    errors.raise_doc(doc, where="installing the download on rank 0")
     return pathlib.Path(doc["folder"])
 
 
@@ -481,52 +374,3 @@ def _commit_download(
         log.warning("verified download of step %d not committed locally: %s", manifest.step, exc)
         return tmp
     return final
-
-
-def _load(
-    *,
-    folder: pathlib.Path,
-    manifest: manifest_mod.Manifest,
-    objects: typing.Mapping[str, state.Stateful],
-    ctx: fetch_mod.Context,
-) -> RestoreResult:
-    """DCP-load a verified Cairn step into objects (collective over the group)."""
-    same_world = manifest.world_size == ctx.world
-    template: dict[str, typing.Any] = {}
-    skipped_state: list[str] = []
-    for name, obj in objects.items():
-        if state.is_per_rank(obj) and not same_world:
-            # Rank r of a different world has no state of its own; DCP can
-            # reshard tensors, not meaning.
-            skipped_state.append(name)
-            continue
-        template[state_key(name, obj, ctx.rank)] = obj.state_dict()
-    # Device-specific state (CUDA RNG) saved on another device: not requested.
-    present = state.checkpoint_keys(folder)
-    for name, obj in objects.items():
-        state.drop_absent_optional(
-            template, key=state_key(name, obj, ctx.rank), obj=obj, present=present
-        )
-    state_dict_loader.load(
-        template,
-        checkpoint_id=folder,
-        process_group=ctx.process_group,
-        no_dist=ctx.process_group is None,
-    )
-    for name, obj in objects.items():
-        key = state_key(name, obj, ctx.rank)
-        if key in template:
-            obj.load_state_dict(template[key])
-    if skipped_state:
-        log.warning(
-            "world size changed (%d -> %d): per-rank state %s not restored",
-            manifest.world_size,
-            ctx.world,
-            skipped_state,
-        )
-    return RestoreResult(
-        step=manifest.step,
-        source="local",
-        skipped_state=tuple(skipped_state),
-        world_size=manifest.world_size,
-    )

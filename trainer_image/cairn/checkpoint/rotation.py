@@ -18,6 +18,8 @@ and by rank 0's "uploaded" broadcast (each rank's own `.uploaded` marker).
 What may be deleted: committed steps of this job by policy, and partials
 proven to be this job's. Foreign, unreadable and unknown folders are never
 deleted here; they are counted in `Rotation.kept_aside` for the report.
+Folders moved aside under `.cairn/` are bounded by `aside.prune` (this
+job's quarantined and superseded ones beyond `keep_aside` per kind).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import pathlib
 import shutil
 import typing
 
+from cairn.api import manifest as manifest_mod
 from cairn.api import retention
+from cairn.checkpoint import aside as aside_mod
 from cairn.checkpoint import events, faults, layout, options
 
 log = logging.getLogger(__name__)
@@ -164,6 +168,16 @@ def rotate(
         freed += present_bytes(path)
         shutil.rmtree(path, ignore_errors=True)
         log.info("rank %d: removed abandoned temporary folder %s", rank, path.name)
+    for path in aside_mod.prune(opts.directory, job_uid=job_uid, keep=opts.keep_aside):
+        events.emit(
+            callbacks,
+            events.ProgressEvent(
+                phase="deleted",
+                step=_step_of(path),
+                rank=rank,
+                message=f"pruned {path.parent.parent.name} folder {path.relative_to(opts.directory)}",
+            ),
+        )
     aside = tuple(o.step for o in observed if o.kind in ("foreign", "unreadable", "unknown"))
     if aside:
         log.info("rank %d: rotation keeps step folders it may not delete: %s", rank, aside)
@@ -174,6 +188,12 @@ def rotate(
         kept_bytes=plan.kept_bytes,
         kept_aside=aside,
     )
+
+
+def _step_of(folder: pathlib.Path) -> int:
+    """The step of a moved-aside `step-<N>[.<i>]` folder (-1 if the name says none)."""
+    step = manifest_mod.parse_step_dir_name(folder.name.split(".")[0])
+    return -1 if step is None else step
 
 
 def rotates_here(*, rank: int, shared: bool) -> bool:

@@ -80,10 +80,11 @@ def prepare(
     attempt: int,
     rank: int,
     callbacks: typing.Sequence[events.ProgressCallback],
+    group: int = 0,
 ) -> Survey:
     """Fence, classify and clean one volume (see module docstring)."""
     root.mkdir(parents=True, exist_ok=True)
-    fence_mod.raise_local(root, job_uid=job_uid, attempt=attempt)
+    fence_mod.raise_local(root, job_uid=job_uid, attempt=attempt, group=group)
     result = survey(observe(root, job_uid=job_uid), attempt=attempt)
     for item in result.delete:
         log.info("removing abandoned partial of this job: %s", item.folder)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from cairn.checkpoint import layout
+from cairn.checkpoint import errors, layout
 
 Status = typing.Literal[
     "ok", "foreign", "incomplete", "unreadable", "corrupt", "refused", "transport"
@@ -39,6 +39,7 @@ STRENGTH: tuple[Status, ...] = (
     "transport",
 )
 Source = typing.Literal["local", "s3"]
+Action = typing.Literal["load", "quarantine", "skip", "fail"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,3 +126,44 @@ def describe(problems: typing.Sequence[layout.Problem], *, limit: int = 5) -> st
     shown = "; ".join(f"{p.path}: {p.reason}" for p in problems[:limit])
     more = len(problems) - limit
     return shown + (f"; and {more} more" if more > 0 else "")
+
+
+def action(status: Status, *, ours: bool) -> Action:
+    """What every rank does with a copy after the verdict. Pure.
+
+    load        verified
+    fail        S3 kept failing or refused: the restore fails (never a
+                fallback because of the network)
+    quarantine  proven corrupt, and a step of this job: moved aside
+    skip        anything else (unreadable, incomplete, foreign, or another
+                job's corrupt copy): kept where it is, next copy
+    """
+    if status == "ok":
+        return "load"
+    if status in ("transport", "refused"):
+        return "fail"
+    if status == "corrupt" and ours:
+        return "quarantine"
+    return "skip"
+
+
+def give_up(
+    skipped: typing.Sequence[tuple[int, str]], *, explicit: bool, target: str | int | None
+) -> errors.CheckpointError | None:
+    """The outcome when no copy loaded: the error to raise, or None (fresh start). Pure.
+
+    An explicit target (resume.step / resume.uri) that cannot be loaded is a
+    configuration error; committed steps that all failed are a checkpoint
+    error, never a silent fresh start; nothing at all is a fresh start.
+    """
+    if explicit:
+        name = target if isinstance(target, str) else f"step {target}"
+        return errors.ConfigurationError(
+            f"resume target {name} cannot be loaded: " + "; ".join(r for _, r in skipped)
+        )
+    if skipped:
+        return errors.CheckpointError(
+            "no committed checkpoint step verified: "
+            + "; ".join(f"step {s}: {r}" for s, r in skipped)
+        )
+    return None

@@ -115,6 +115,7 @@ class StatusFeed:
                         api_client=api_client, namespace=cfg.namespace, name=cfg.job_name
                     ),
                     job_uid=cfg.checkpoint.job_uid,
+                    group=cfg.checkpoint.group,
                 )
             previous = status_reporter.read_checkpoints(
                 api_client=api_client, namespace=cfg.namespace, name=cfg.job_name

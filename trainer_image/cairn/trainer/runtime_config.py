@@ -15,7 +15,7 @@ import typing
 from collections.abc import Mapping
 
 from cairn.api import checkpointspec, podenv
-from cairn.checkpoint import foreign, options
+from cairn.checkpoint import foreign, monitor, options
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,6 +92,7 @@ def from_env(
         keep_last=3 if keep_last is None else keep_last,
         max_bytes=_int(env, podenv.MAX_BYTES),
         attempt=attempt,
+        group=_int(env, monitor.GROUP_ENV, 0) or 0,
         job_uid=env.get(podenv.JOB_UID) or None,
         s3=s3,
         async_mode=_choice(env, podenv.ASYNC_MODE, checkpointspec.AsyncMode, "pinned"),

@@ -1,4 +1,4 @@
-"""remoteplan.plan_job: the S3 pass's plan step reads the job and its status.
+"""s3plan.plan_job: the S3 pass's plan step reads the job and its status.
 
 Covers: the step the lineage resumed from (``status.checkpoints.resumedFrom``)
 and the step the spec asks to resume from are protected from remote
@@ -11,17 +11,17 @@ from typing import Any
 
 from cairn.api import jobstatus
 from cairn.api import manifest as manifest_mod
-from cairn.operator import observe, remoteplan
+from cairn.operator import observe, s3plan
 
 from . import jobs
 
-OBJ = remoteplan.RemoteObject
+OBJ = s3plan.RemoteObject
 FILES = {"__0_0.distcp": (100, "0a0b0c0d")}
 
 
-def _observation(committed: list[int], partial: list[int]) -> remoteplan.Observation:
-    listing: dict[int, dict[str, remoteplan.RemoteObject]] = {}
-    manifests: dict[int, manifest_mod.Manifest | remoteplan.ManifestError] = {}
+def _observation(committed: list[int], partial: list[int]) -> s3plan.Observation:
+    listing: dict[int, dict[str, s3plan.RemoteObject]] = {}
+    manifests: dict[int, manifest_mod.Manifest | s3plan.ManifestError] = {}
     for step in committed:
         listing[step] = {p: OBJ(size=s, crc32c=c) for p, (s, c) in FILES.items()}
         listing[step][manifest_mod.MANIFEST_NAME] = OBJ(size=300)
@@ -37,12 +37,12 @@ def _observation(committed: list[int], partial: list[int]) -> remoteplan.Observa
         )
     for step in partial:
         listing[step] = {"__0_0.distcp": OBJ(size=7)}
-    return remoteplan.Observation(listing=listing, manifests=manifests)
+    return s3plan.Observation(listing=listing, manifests=manifests)
 
 
 def _plan(
     *, status: dict[str, Any], resume_step: int | None = None, remote: bool = True
-) -> remoteplan.RemotePlan:
+) -> s3plan.RemotePlan:
     checkpoint: dict[str, Any] = {"upload": {"uri": "s3://bucket/run"}}
     if remote:
         checkpoint["retention"] = {"remote": {"keepLast": 1}}
@@ -52,7 +52,7 @@ def _plan(
     raw["status"] = status
     job = jobs.job(status, checkpoint=checkpoint)
     parsed: jobstatus.TrainingJobStatus = observe.parse_status(raw)
-    return remoteplan.plan_job(
+    return s3plan.plan_job(
         job=job,
         status=parsed,
         observation=_observation([10, 20, 30, 40], partial=[5, 35]),

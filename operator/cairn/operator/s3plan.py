@@ -1,12 +1,12 @@
-"""What the operator decides about a job's S3 prefix: verification and retention.
+"""Plan step of the S3 pass: verification, retention, the status patch, when to pass.
 
-Pure: the plan step of the S3 pass (``storage``: observe -> plan -> apply).
-An ``Observation`` of the prefix (step folders -> objects with size and,
-where the store returns one, its full-object CRC32C; the parsed manifests),
-the job's remote retention and the steps that must stay in; a ``RemotePlan``
-out (``plan_job``), and from it the ``status.storage`` merge patch and the
-Events (``storage_update``). ``s3store`` observes and deletes; ``storage``
-applies.
+Pure: ``s3observe`` reads the prefix into an ``Observation`` (step folders ->
+objects with size and, where the store returns one, its full-object CRC32C;
+the parsed manifests); ``plan_job`` turns it, the job's remote retention and
+the steps that must stay into a ``RemotePlan``; ``storage_update`` gives the
+``status.storage`` merge patch and the Events; ``s3apply`` carries them out;
+``s3pass`` runs the three in order. ``pass_wanted`` says whether a job's
+prefix is looked at at all (live jobs every interval, a finished job once).
 
 Verification of a step: its manifest object exists and parses, its ``step``
 matches the folder, and every file it lists exists with the listed size and,
@@ -69,7 +69,7 @@ class ManifestError:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Observation:
-    """What ``s3store.observe`` saw under the prefix: the plan's S3 input."""
+    """What ``s3observe.observe`` saw under the prefix: the plan's S3 input."""
 
     listing: Mapping[int, StepObjects]
     """Every ``step-<N>`` folder's objects."""
@@ -404,3 +404,26 @@ def storage_update(
             )
         )
     return (patch or None), tuple(events)
+
+
+PassKind = Literal["periodic", "final"]
+
+
+def pass_wanted(job: trainingjob.TrainingJob, *, final_done: int | None = None) -> PassKind | None:
+    """Whether the S3 pass should look at this job's prefix. Pure.
+
+    ``periodic``: a live job with ``upload`` (every interval, or when the
+    writer reports a new upload). ``final``: a Succeeded or Failed job whose
+    last pass has not yet run for its current ``metadata.generation``
+    (``final_done``: the generation the last final pass ran for, None if none
+    did): one more pass records what the job left in S3, then none until the
+    spec changes. None: not ours (another controller, being deleted: onDelete
+    handles it) or nothing to look at.
+    """
+    if not job.spec.managed_by_cairn or job.spec.checkpoint.upload is None:
+        return None
+    if job.metadata.deletion_timestamp is not None:
+        return None
+    if job.status.phase in jobstatus.TERMINAL_PHASES:
+        return None if final_done == job.metadata.generation else "final"
+    return "periodic"

@@ -1,4 +1,4 @@
-"""remoteplan: verification of uploaded steps and remote retention, table-tested.
+"""s3plan: verification of uploaded steps and remote retention, table-tested.
 
 Covers: keepLast and keepEvery milestones (through the shared
 ``retention.plan_remote``), the newest verified step and the resumed-from
@@ -19,11 +19,11 @@ import pytest
 
 from cairn.api import checkpointspec, jobstatus
 from cairn.api import manifest as manifest_mod
-from cairn.operator import conditions, lifecycle, observe, remoteplan, status
+from cairn.operator import conditions, lifecycle, observe, s3plan, status
 
 from . import jobs
 
-OBJ = remoteplan.RemoteObject
+OBJ = s3plan.RemoteObject
 NOW = datetime.datetime(2026, 11, 23, 3, 0, tzinfo=datetime.UTC)
 FILES = {"__0_0.distcp": (100, "0a0b0c0d"), ".metadata": (20, "11223344")}
 
@@ -50,11 +50,11 @@ def good_objects(*, crc: bool = True, manifest_file: bool = True) -> dict[str, O
 def world(
     committed: list[int],
     partial: list[int] = (),  # type: ignore[assignment]
-) -> tuple[dict[int, dict[str, OBJ]], dict[int, manifest_mod.Manifest | remoteplan.ManifestError]]:
+) -> tuple[dict[int, dict[str, OBJ]], dict[int, manifest_mod.Manifest | s3plan.ManifestError]]:
     listing: dict[int, dict[str, OBJ]] = {s: good_objects() for s in committed}
     for step in partial:
         listing[step] = {"__0_0.distcp": OBJ(size=7)}
-    manifests: dict[int, manifest_mod.Manifest | remoteplan.ManifestError] = {
+    manifests: dict[int, manifest_mod.Manifest | s3plan.ManifestError] = {
         s: manifest(s) for s in committed
     }
     return listing, manifests
@@ -67,10 +67,10 @@ def run(
     keep_last: int | None = 2,
     keep_every: int | None = None,
     **kw: object,
-) -> remoteplan.RemotePlan:
+) -> s3plan.RemotePlan:
     listing, manifests = world(committed, partial)
     remote = checkpointspec.RemoteRetention(keep_last=keep_last, keep_every=keep_every)
-    return remoteplan.plan(listing=listing, manifests=manifests, remote=remote, **kw)  # type: ignore[arg-type]
+    return s3plan.plan(listing=listing, manifests=manifests, remote=remote, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -96,7 +96,7 @@ def test_keep_last_and_milestones(
 
 def test_no_remote_retention_deletes_nothing() -> None:
     listing, manifests = world([10, 20, 30, 40], partial=[5])
-    result = remoteplan.plan(listing=listing, manifests=manifests, remote=None)
+    result = s3plan.plan(listing=listing, manifests=manifests, remote=None)
     assert result.deletions == ()
     assert result.newest_verified is not None
     assert result.newest_verified.step == 40
@@ -112,7 +112,7 @@ def test_newest_verified_kept_even_when_newer_manifests_are_corrupt() -> None:
     listing[40]["__0_0.distcp"] = OBJ(size=100, crc32c="ffffffff")
     listing[30].pop(".metadata")
     remote = checkpointspec.RemoteRetention(keep_last=1)
-    result = remoteplan.plan(listing=listing, manifests=manifests, remote=remote)
+    result = s3plan.plan(listing=listing, manifests=manifests, remote=remote)
     assert result.newest_verified is not None
     assert result.newest_verified.step == 20
     # 20 is the newest good one; corrupt 30 and 40 are kept for inspection.
@@ -140,7 +140,7 @@ def test_abandoned_partial_is_deleted() -> None:
 
 def test_partials_stay_until_something_is_verified() -> None:
     listing = {5: {"__0_0.distcp": OBJ(size=1)}}
-    result = remoteplan.plan(
+    result = s3plan.plan(
         listing=listing, manifests={}, remote=checkpointspec.RemoteRetention(keep_last=1)
     )
     assert result.deletions == ()
@@ -169,49 +169,47 @@ def test_mismatch_is_not_verified(change: dict[str, OBJ | None], reason: str) ->
             objects.pop(path)
         else:
             objects[path] = value
-    verdict = remoteplan.verify_step(step=10, objects=objects, manifest=manifest(10))
+    verdict = s3plan.verify_step(step=10, objects=objects, manifest=manifest(10))
     assert not verdict.verified
     assert reason in verdict.reason
 
 
 def test_unreadable_or_foreign_manifest_is_not_verified() -> None:
-    bad = remoteplan.verify_step(
-        step=10, objects=good_objects(), manifest=remoteplan.ManifestError(message="not JSON")
+    bad = s3plan.verify_step(
+        step=10, objects=good_objects(), manifest=s3plan.ManifestError(message="not JSON")
     )
     assert (bad.verified, bad.reason) == (False, "manifest unreadable: not JSON")
-    other = remoteplan.verify_step(step=10, objects=good_objects(), manifest=manifest(11))
+    other = s3plan.verify_step(step=10, objects=good_objects(), manifest=manifest(11))
     assert not other.verified
     assert "step 11" in other.reason
 
 
 def test_size_only_when_the_store_has_no_full_object_checksum() -> None:
-    verdict = remoteplan.verify_step(
-        step=10, objects=good_objects(crc=False), manifest=manifest(10)
-    )
+    verdict = s3plan.verify_step(step=10, objects=good_objects(crc=False), manifest=manifest(10))
     assert (verdict.verified, verdict.method) == (True, "size")
     assert "2 of 2 files checked by size only" in verdict.reason
-    full = remoteplan.verify_step(step=10, objects=good_objects(), manifest=manifest(10))
+    full = s3plan.verify_step(step=10, objects=good_objects(), manifest=manifest(10))
     assert (full.verified, full.method, full.reason) == (True, "crc32c", "")
     assert (full.files, full.bytes) == (2, 120)
 
 
 def test_s3_checksum_conversion() -> None:
     value = base64.b64encode(bytes.fromhex("c99465aa")).decode()
-    assert remoteplan.crc32c_hex_from_s3(value) == "c99465aa"
-    assert remoteplan.crc32c_hex_from_s3(value, "FULL_OBJECT") == "c99465aa"
-    assert remoteplan.crc32c_hex_from_s3("OWtABQ==-3") is None
-    assert remoteplan.crc32c_hex_from_s3(value, "COMPOSITE") is None
-    assert remoteplan.crc32c_hex_from_s3(None) is None
-    assert remoteplan.crc32c_hex_from_s3("not base64!") is None
+    assert s3plan.crc32c_hex_from_s3(value) == "c99465aa"
+    assert s3plan.crc32c_hex_from_s3(value, "FULL_OBJECT") == "c99465aa"
+    assert s3plan.crc32c_hex_from_s3("OWtABQ==-3") is None
+    assert s3plan.crc32c_hex_from_s3(value, "COMPOSITE") is None
+    assert s3plan.crc32c_hex_from_s3(None) is None
+    assert s3plan.crc32c_hex_from_s3("not base64!") is None
 
 
 def test_storage_update_patch_and_events() -> None:
     listing, manifests = world([10, 20, 30])
     listing[30]["__0_0.distcp"] = OBJ(size=100, crc32c="ffffffff")
-    result = remoteplan.plan(
+    result = s3plan.plan(
         listing=listing, manifests=manifests, remote=checkpointspec.RemoteRetention(keep_last=1)
     )
-    patch, notices = remoteplan.storage_update(
+    patch, notices = s3plan.storage_update(
         previous=None, result=result, deleted=result.deleted_steps, error=None, now=NOW
     )
     assert patch == {
@@ -231,28 +229,26 @@ def test_storage_update_patch_and_events() -> None:
     assert notices[2].message == "deleted steps 10 from S3"
     # The same observation again, recorded: no patch, no events.
     recorded = jobstatus.StorageStatus.model_validate(patch)
-    again = remoteplan.plan(
+    again = s3plan.plan(
         listing={s: listing[s] for s in (20, 30)},
         manifests=manifests,
         remote=checkpointspec.RemoteRetention(keep_last=1),
     )
-    assert remoteplan.storage_update(
+    assert s3plan.storage_update(
         previous=recorded, result=again, deleted=(), error=None, now=NOW
     ) == (None, ())
 
 
 def test_storage_update_error_only_touches_last_error() -> None:
     before = jobstatus.StorageStatus(verified_step=20, remote_steps=[20])
-    patch, notices = remoteplan.storage_update(
+    patch, notices = s3plan.storage_update(
         previous=before, result=None, deleted=(), error="listing failed: AccessDenied", now=NOW
     )
     assert (patch, notices) == ({"lastError": "listing failed: AccessDenied"}, ())
     failed = before.model_copy(update={"last_error": "x"})
     listing, manifests = world([20])
-    ok = remoteplan.plan(listing=listing, manifests=manifests, remote=None)
-    patch, _ = remoteplan.storage_update(
-        previous=failed, result=ok, deleted=(), error=None, now=NOW
-    )
+    ok = s3plan.plan(listing=listing, manifests=manifests, remote=None)
+    patch, _ = s3plan.storage_update(previous=failed, result=ok, deleted=(), error=None, now=NOW)
     assert patch == {"lastError": None, "verifiedBy": "crc32c"}
 
 
@@ -299,9 +295,7 @@ def test_partial_keeps_another_jobs_attempt_scoped_data() -> None:
         "__1_0.distcp": OBJ(size=7),
     }
     remote = checkpointspec.RemoteRetention(keep_last=5)
-    result = remoteplan.plan(
-        listing=listing, manifests=manifests, remote=remote, own_uid8="aaaaaaaa"
-    )
+    result = s3plan.plan(listing=listing, manifests=manifests, remote=remote, own_uid8="aaaaaaaa")
     (deletion,) = result.deletions
     assert deletion.partial
     # Ours (attempt-scoped, and the pre-attempt-scoped layout) go; the other job's stays.

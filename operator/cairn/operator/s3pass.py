@@ -3,16 +3,19 @@
 Blocking (boto3 and the Kubernetes client): ``handlers`` runs these in a
 worker thread. ``storage_pass`` reads top to bottom:
 
-- observe: ``prefixowner.open_prefix`` (the operator's S3 settings and the
-  prefix claim: nothing below happens under a prefix the job does not own),
-  then ``s3store.observe`` (list, read manifests, head listed files);
-- plan (pure): ``remoteplan.plan_job`` (verification and retention), then
-  ``remoteplan.storage_update`` and ``prefixclaim.with_claim`` (the
-  ``status.storage`` merge patch and the Events);
-- apply: ``s3store.delete_steps`` (manifest first), the status patch (field
-  manager ``cairn-operator``), the Events. ``cleanup`` is the ``onDelete: Delete``
-deletion of an owned prefix. Nothing here writes the writer's ``step`` or
-``checkpoints``.
+- observe (``s3observe``, ``prefixowner``): ``prefixowner.open_prefix`` (the
+  operator's S3 settings and the prefix claim: nothing below happens under a
+  prefix the job does not own), then ``s3observe.observe`` (list; read
+  manifests and head listed files whose ETag is new);
+- plan (``s3plan``, ``prefixclaim``; pure): ``s3plan.plan_job``
+  (verification and retention), then ``s3plan.storage_update`` and
+  ``prefixclaim.with_claim`` (the ``status.storage`` merge patch and the
+  Events);
+- apply (``s3apply``): deletions (manifest first), the status patch (field
+  manager ``cairn-operator``), the Events.
+
+``cleanup`` is the ``onDelete: Delete`` deletion of an owned prefix. Nothing
+here writes the writer's ``step`` or ``checkpoints``.
 """
 
 import dataclasses
@@ -28,8 +31,9 @@ from cairn.operator import (
     observe,
     prefixclaim,
     prefixowner,
-    remoteplan,
-    s3store,
+    s3apply,
+    s3observe,
+    s3plan,
 )
 
 if typing.TYPE_CHECKING:
@@ -40,7 +44,7 @@ LOG = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class PassResult:
-    plan: remoteplan.RemotePlan | None
+    plan: s3plan.RemotePlan | None
     deleted: tuple[int, ...]
     error: str | None
     patch: dict[str, Any] | None
@@ -55,12 +59,16 @@ class _Seen:
 
     claim: prefixclaim.Claim | None = None
     s3: "S3Client | None" = None
-    observation: remoteplan.Observation | None = None
+    observation: s3plan.Observation | None = None
     error: str | None = None
 
 
 def _observe(
-    *, api: Any, job: trainingjob.TrainingJob, target: s3store.Target, cache: s3store.HeadCache
+    *,
+    api: Any,
+    job: trainingjob.TrainingJob,
+    target: s3observe.Target,
+    caches: s3observe.Caches,
 ) -> _Seen:
     """Claim the prefix, then list it; an S3 failure becomes ``error``."""
     claim: prefixclaim.Claim | None = None
@@ -70,20 +78,10 @@ def _observe(
         claim = access.claim
         if access.s3 is None:
             return _Seen(claim=claim)
-        seen = s3store.observe(access.s3, target, cache=cache)
+        seen = s3observe.observe(access.s3, target, caches=caches)
         return _Seen(claim=claim, s3=access.s3, observation=seen)
-    except s3store.StoreError as failure:
+    except s3observe.StoreError as failure:
         return _Seen(claim=claim, error=str(failure)[:1024])
-
-
-def _delete(
-    s3: "S3Client", target: s3store.Target, todo: remoteplan.RemotePlan
-) -> tuple[tuple[int, ...], str | None]:
-    """Apply the plan's deletions (manifest first); the steps deleted, or the error."""
-    try:
-        return s3store.delete_steps(s3, target, todo.deletions), None
-    except s3store.StoreError as failure:
-        return (), str(failure)[:1024]
 
 
 def storage_pass(
@@ -91,7 +89,7 @@ def storage_pass(
     api: Any,
     raw: dict[str, Any],
     job: trainingjob.TrainingJob,
-    cache: s3store.HeadCache,
+    caches: s3observe.Caches,
     now: clock.Clock,
 ) -> PassResult:
     """Verify the prefix, apply retention, record the outcome. Raises ApiException
@@ -101,29 +99,27 @@ def storage_pass(
         raise ValueError("storage_pass needs spec.checkpoint.upload")
     status = observe.parse_status(raw)
     ref = effects.JobRef.of(raw)
-    target = s3store.Target.parse(upload.uri)
+    target = s3observe.Target.parse(upload.uri)
     # observe
-    seen = _observe(api=api, job=job, target=target, cache=cache)
+    seen = _observe(api=api, job=job, target=target, caches=caches)
     # plan (pure)
     todo = None
     if seen.observation is not None:
-        todo = remoteplan.plan_job(job=job, status=status, observation=seen.observation)
+        todo = s3plan.plan_job(job=job, status=status, observation=seen.observation)
     # apply: deletions, then what the status and the events say about them
     deleted: tuple[int, ...] = ()
     error = seen.error
     if todo is not None and todo.deletions and seen.s3 is not None:
-        deleted, error = _delete(seen.s3, target, todo)
+        deleted, error = s3apply.delete_planned(seen.s3, target, todo)
         if deleted != todo.deleted_steps:
             todo = None  # a deletion failed half-way: do not record a stale listing
     if error is not None:
         LOG.warning("S3 pass of %s/%s: %s", ref.namespace, ref.name, error)
-    patch, events = remoteplan.storage_update(
+    patch, events = s3plan.storage_update(
         previous=status.storage, result=todo, deleted=deleted, error=error, now=now()
     )
     patch, events = prefixclaim.with_claim(patch, events, previous=status.storage, claim=seen.claim)
-    patched = effects.patch_status(api, ref, {"storage": patch}) if patch is not None else None
-    for event in events:
-        effects.post_event(api, ref, event, now=now())
+    patched = s3apply.record(api=api, job=ref, patch=patch, events=events, now=now())
     if deleted:
         LOG.info("retention in %s/%s deleted steps %s", ref.namespace, ref.name, deleted)
     return PassResult(
@@ -139,7 +135,7 @@ def storage_pass(
 def cleanup(*, api: Any, raw: dict[str, Any], job: trainingjob.TrainingJob) -> int:
     """``onDelete: Delete``: remove the job's step folders from S3; the objects deleted.
 
-    Raises ``s3store.StoreError``; the caller retries and gives up bounded.
+    Raises ``s3observe.StoreError``; the caller retries and gives up bounded.
     Raises ``prefixowner.NotOwnedError`` (nothing deleted) when the job does not own
     the prefix or the operator's settings refuse the store; the owner object is
     released last.
@@ -152,7 +148,7 @@ def cleanup(*, api: Any, raw: dict[str, Any], job: trainingjob.TrainingJob) -> i
     access = prefixowner.open_prefix(api=api, job=job)
     if access.s3 is None:
         raise prefixowner.NotOwnedError(access.claim)
-    count = s3store.delete_prefix(access.s3, access.target)
-    count += s3store.delete_prefix(access.s3, access.target)
+    count = s3apply.delete_prefix(access.s3, access.target)
+    count += s3apply.delete_prefix(access.s3, access.target)
     prefixowner.release(access.s3, access.target, prefixowner.me(job))
     return count

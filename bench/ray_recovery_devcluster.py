@@ -1,0 +1,144 @@
+"""Ray runtime on the devcluster: recovery time, SIGKILL → next training step.
+
+    python bench/ray_recovery_devcluster.py [--kills 3] [--out result.json]
+
+Two jobs of examples/quickstart-ray.yaml (80 steps, a checkpoint every 5,
+``restartPolicy.backoffSeconds: 0`` so the pod-level number is the mechanics,
+not the configured backoff) on the running devcluster and operator:
+
+- in place: once a step >= 10 is committed, SIGKILL rank 1's actor process
+  (its PID from the driver's ``group N started`` log line), ``--kills`` times,
+  each after the new group committed a newer step;
+- pod level: SIGKILL the worker pod's process (the container's PID), the
+  same number of times, each after the new attempt committed a newer step.
+
+Recovery = from the kill to the first line rank 0 appends to its losses file
+afterwards (the same head pod's file in place; the new head pod's file after a
+gang restart), polled every 50 ms. Prints median, min and max per kind and
+writes the samples as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import uuid
+from typing import Any
+
+from kubernetes import client, config
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from cairn.devcluster import cluster
+from tests import demo
+from tests.e2e import rayjobs
+
+STEPS = 80
+STEP_TIMEOUT = 300.0
+
+
+def _committed(job: dict[str, Any]) -> int:
+    ckpts = (job.get("status") or {}).get("checkpoints") or {}
+    return int((ckpts.get("lastCommitted") or {}).get("step", 0))
+
+
+class Bench:
+    def __init__(self, target: cluster.Cluster, api: client.ApiClient, kind: str) -> None:
+        self.target = target
+        self.kind = kind
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.api = api
+        self.namespace = f"bench-ray-{uuid.uuid4().hex[:6]}"
+        bucket = f"bench-ray-{uuid.uuid4().hex[:6]}"
+        demo.prepare_namespace(
+            api_client=api, target=target, namespace=self.namespace, bucket=bucket
+        )
+        self.body = rayjobs.manifest(
+            target, name=f"rec-{kind}", runtime="ray", bucket=bucket, steps=STEPS
+        )
+        self.body["spec"]["restartPolicy"] = {"maxRestarts": 10, "backoffSeconds": 0}
+        self.body["spec"]["ray"]["maxInPlaceRestarts"] = 10
+        self.samples: list[float] = []
+        self.next_after = 10
+
+    def job(self) -> dict[str, Any]:
+        return demo.get_job(self.custom, self.namespace, self.body["metadata"]["name"])
+
+    def poll(self, job: dict[str, Any], kills: int) -> None:
+        status = job.get("status") or {}
+        if len(self.samples) >= kills or status.get("phase") != "Running":
+            return
+        if _committed(job) < self.next_after:
+            return
+        head = rayjobs.head_pod(job)
+        state = self.target.state.root
+        if self.kind == "inplace":
+            groups = rayjobs.group_pids(self.core, self.namespace, head)
+            if not groups:
+                return
+            lines = rayjobs.loss_lines(state, self.namespace, head)
+            killed_at = rayjobs.kill(groups[max(groups)][1])
+            watch, after = head, lines
+        else:
+            name = self.body["metadata"]["name"]
+            pid = demo.rank_pid(self.core, namespace=self.namespace, job=name, rank=1)
+            if pid is None:
+                return
+            killed_at = rayjobs.kill(pid)
+            watch = f"{name}-a{status['attempt'] + 1}-n0"
+            after = 0
+        stepped = rayjobs.wait_new_step(
+            state, self.namespace, watch, after_lines=after, timeout=STEP_TIMEOUT
+        )
+        self.samples.append(stepped - killed_at)
+        print(f"{self.kind}: kill {len(self.samples)}: {stepped - killed_at:.2f}s", flush=True)
+        self.next_after = max(_committed(self.job()), self.next_after) + 5
+
+    def run(self, kills: int) -> list[float]:
+        demo.run_job(
+            api_client=self.api,
+            namespace=self.namespace,
+            body=self.body,
+            kill_rank_after_commit=None,
+            on_row=lambda row: print(f"{self.kind}: {row.line()}", flush=True),
+            on_poll=lambda job: self.poll(job, kills),
+            timeout=1800,
+            poll_seconds=0.5,
+        )
+        self.core.delete_namespace(self.namespace)
+        return self.samples
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    return {
+        "n": len(samples),
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/ray_recovery_devcluster.py")
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--kinds", default="inplace,pod")
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = parser.parse_args(argv)
+    target = cluster.Cluster.default()
+    api = config.new_client_from_config(config_file=str(target.state.admin_kubeconfig))
+    result: dict[str, Any] = {}
+    for kind in args.kinds.split(","):
+        samples = Bench(target, api, kind).run(args.kills)
+        result[kind] = {"samples": samples, **(_summary(samples) if samples else {})}
+    print(json.dumps(result, indent=2))
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""When each job's S3 pass runs: one scheduler task for every job, no task per job.
+
+``handlers`` feeds it every TrainingJob event (``update``) and deletion
+(``forget``) and runs ``run()`` as one asyncio task. It keeps, per job that
+``s3plan.pass_wanted`` says needs passes, the latest body, the time of the
+next pass (a heap) and the job's ``s3observe.Caches``; passes run
+(``s3pass.storage_pass``) in the S3 threads, at most ``threads`` at once.
+
+- a live job with ``upload``: ``initial_delay_seconds`` after it is first
+  seen, then every ``interval_seconds``, and ``kick_delay_seconds`` after
+  the writer reports a new ``lastUploaded`` step;
+- a job that finished (Succeeded, Failed): one final pass, then it leaves
+  the schedule and its caches are dropped; a spec change (a new
+  ``metadata.generation``) brings one more final pass. The generation the
+  final pass ran for is remembered in process memory only: an operator
+  restart gives each finished job one pass again (reads only; the status
+  is written only if what S3 holds changed);
+- a job being deleted, managed by another controller or without
+  ``upload``: no pass (``onDelete`` does its own S3 work).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import copy
+import dataclasses
+import heapq
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from cairn.api import trainingjob
+from cairn.operator import observe, s3observe, s3plan, tunables
+
+LOG = logging.getLogger(__name__)
+Key = tuple[str, str]
+
+
+class Written(Protocol):
+    """``handlers._Written``: the job as our own last status patch returned it."""
+
+    def freshest(self, live: dict[str, Any]) -> dict[str, Any]: ...
+
+    def record(self, planned_from: dict[str, Any], patched: dict[str, Any] | None) -> None: ...
+
+
+class _Unwritten:
+    """Plans from the event's body as it is (for callers without ``_Written``)."""
+
+    def freshest(self, live: dict[str, Any]) -> dict[str, Any]:
+        return live
+
+    def record(self, planned_from: dict[str, Any], patched: dict[str, Any] | None) -> None:
+        del planned_from, patched
+
+
+def uploaded_step(raw: Any) -> int | None:
+    """``status.checkpoints.lastUploaded.step`` of a job body, or None. Pure."""
+    try:
+        step = raw["status"]["checkpoints"]["lastUploaded"]["step"]
+    except (KeyError, TypeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def _has_upload(raw: Any) -> bool:
+    """Whether the body names ``spec.checkpoint.upload`` at all. Pure."""
+    spec = raw.get("spec") if isinstance(raw, dict) else None
+    checkpoint = spec.get("checkpoint") if isinstance(spec, dict) else None
+    return isinstance(checkpoint, dict) and checkpoint.get("upload") is not None
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Entry:
+    raw: dict[str, Any]
+    job: trainingjob.TrainingJob
+    kind: s3plan.PassKind
+    uploaded: int | None
+    written: Written
+    caches: s3observe.Caches = dataclasses.field(default_factory=s3observe.Caches)
+
+
+Runner = Callable[[Key, dict[str, Any], trainingjob.TrainingJob, s3observe.Caches], Awaitable[Any]]
+"""Runs one pass (in a worker thread) and returns ``s3pass.PassResult``."""
+
+
+class S3Loop:
+    """The S3 passes of every job, scheduled from one task."""
+
+    def __init__(
+        self,
+        *,
+        run_pass: Runner,
+        settings: tunables.StorageLoop = tunables.DEFAULT.storage,
+        written: Callable[[], Written] = _Unwritten,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._run_pass = run_pass
+        self._settings = settings
+        self._written = written
+        self._monotonic = monotonic
+        self._jobs: dict[Key, _Entry] = {}
+        self._due: dict[Key, float] = {}
+        self._heap: list[tuple[float, Key]] = []
+        self._final_done: dict[Key, tuple[str, int]] = {}
+        """(uid, generation) the last final pass of a job ran for."""
+        self._running: set[Key] = set()
+        self._wake = asyncio.Event()
+        self.passes: collections.Counter[tuple[Key, s3plan.PassKind]] = collections.Counter()
+        """Passes run so far, by job and kind (for tests and the bench)."""
+
+    def scheduled(self, key: Key) -> bool:
+        """Whether the job has a pass to come (or one running)."""
+        return key in self._jobs
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def _final_generation(self, key: Key, uid: str) -> int | None:
+        done = self._final_done.get(key)
+        return done[1] if done is not None and done[0] == uid else None
+
+    def update(self, key: Key, raw: dict[str, Any]) -> None:
+        """A job event: (re)schedule, or drop the job from the schedule."""
+        if not _has_upload(raw):  # most jobs: no model parse on each of their events
+            self._drop(key)
+            return
+        job = observe.parse_job(raw)
+        if isinstance(job, observe.InvalidJob):
+            self._drop(key)
+            return
+        kind = s3plan.pass_wanted(job, final_done=self._final_generation(key, job.metadata.uid))
+        if kind is None:
+            self._drop(key)
+            return
+        now = self._monotonic()
+        uploaded = uploaded_step(raw)
+        entry = self._jobs.get(key)
+        if entry is None or entry.job.metadata.uid != job.metadata.uid:
+            written = self._written()
+            self._jobs[key] = _Entry(
+                raw=raw, job=job, kind=kind, uploaded=uploaded, written=written
+            )
+            self._schedule(key, now + self._settings.initial_delay_seconds)
+            return
+        kicked = uploaded is not None and uploaded != entry.uploaded
+        finished = kind == "final" and entry.kind != "final"
+        entry.raw, entry.job, entry.kind, entry.uploaded = raw, job, kind, uploaded
+        if kicked or finished:
+            self._schedule(key, now + self._settings.kick_delay_seconds)
+
+    def forget(self, key: Key) -> None:
+        """The job is gone: no pass, no memory of it."""
+        self._drop(key)
+        self._final_done.pop(key, None)
+
+    def _drop(self, key: Key) -> None:
+        self._jobs.pop(key, None)
+        self._due.pop(key, None)
+
+    def _schedule(self, key: Key, at: float) -> None:
+        """The next pass of ``key`` at ``at`` at the latest (an earlier one stays)."""
+        if key in self._due and self._due[key] <= at:
+            return
+        self._due[key] = at
+        heapq.heappush(self._heap, (at, key))
+        self._wake.set()
+
+    def due_now(self) -> list[Key]:
+        """Take the jobs whose pass is due, as many as free threads allow."""
+        now = self._monotonic()
+        taken: list[Key] = []
+        postponed: list[tuple[float, Key]] = []
+        free = self._settings.threads - len(self._running)
+        while self._heap and self._heap[0][0] <= now and len(taken) < free:
+            at, key = heapq.heappop(self._heap)
+            if self._due.get(key) != at:
+                continue  # superseded by an earlier schedule, or dropped
+            if key in self._running:
+                postponed.append((at, key))  # after the running pass ends
+                continue
+            del self._due[key]
+            taken.append(key)
+        for item in postponed:
+            heapq.heappush(self._heap, item)
+        return taken
+
+    def _next_wake(self) -> float | None:
+        if not self._heap or len(self._running) >= self._settings.threads:
+            return None
+        return max(0.0, self._heap[0][0] - self._monotonic())
+
+    async def run_due(self) -> list[Key]:
+        """Run the passes due now and wait for them; the jobs passed (``run`` does
+        the same without waiting; tests drive the schedule with this)."""
+        taken = self.due_now()
+        self._running.update(taken)
+        await asyncio.gather(*(self._one(key) for key in taken))
+        return taken
+
+    async def run(self) -> None:
+        """Run due passes forever (cancel the task to stop)."""
+        tasks: set[asyncio.Task[None]] = set()
+        while True:
+            for key in self.due_now():
+                self._running.add(key)
+                task = asyncio.create_task(self._one(key))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            self._wake.clear()
+            timeout = self._next_wake()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+
+    async def _one(self, key: Key) -> None:
+        entry = self._jobs.get(key)
+        generation = entry.job.metadata.generation if entry else 0
+        kind = entry.kind if entry else None
+        try:
+            if entry is not None and kind is not None:
+                raw = entry.written.freshest(copy.deepcopy(entry.raw))
+                result = await self._run_pass(key, raw, entry.job, entry.caches)
+                entry.written.record(raw, getattr(result, "patched_object", None))
+                self.passes[(key, kind)] += 1
+        except Exception:  # keep the loop alive; the next pass tries again
+            LOG.exception("S3 pass of %s/%s failed", *key)
+        finally:
+            self._running.discard(key)
+            if entry is not None and kind is not None:
+                self._after(key, entry, kind=kind, generation=generation)
+            self._wake.set()
+
+    def _after(self, key: Key, entry: _Entry, *, kind: s3plan.PassKind, generation: int) -> None:
+        """Reschedule after a pass: a live job in an interval, a finished one not again."""
+        if self._jobs.get(key) is not entry:
+            return  # deleted or replaced meanwhile
+        now = self._monotonic()
+        if kind == "final":
+            self._final_done[key] = (entry.job.metadata.uid, generation)
+        wanted = s3plan.pass_wanted(
+            entry.job, final_done=self._final_generation(key, entry.job.metadata.uid)
+        )
+        if wanted is None:
+            self._drop(key)
+        elif wanted == "final" and kind == "final":
+            # The spec changed while the pass ran: one more final pass.
+            self._schedule(key, now + self._settings.kick_delay_seconds)
+        else:
+            entry.kind = wanted
+            self._schedule(key, now + self._settings.interval_seconds)

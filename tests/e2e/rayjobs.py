@@ -1,0 +1,130 @@
+"""Helpers for the Ray runtime's e2e tests and bench/ray_recovery.py (not tests).
+
+A run is ``examples/quickstart-ray.yaml`` (or the torchrun quickstart with the
+same trainer arguments) plus an ``out`` emptyDir at ``/out`` where rank 0
+writes its per-step losses (``--losses-file``) and the exported weights
+(``--export``): the devcluster keeps each pod's volume as a host directory,
+so a test reads them there, and the losses file's growth is the "next
+training step" clock of the recovery measurements. Kills are by PID: a rank
+actor's PID comes from the driver's ``group N started: … pids [...]`` line in
+the head pod's log, a pod's process is the container's PID
+(``cairn://<pid>``).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import time
+import uuid
+from typing import Any
+
+from kubernetes import client
+
+from tests import demo
+
+OUT = "/out"
+OUT_VOLUME = "out"
+LOSSES = "losses.jsonl"
+EXPORT = "model.safetensors"
+POLL_SECONDS = 0.05
+_GROUP_RE = re.compile(r"group (\d+) started: \d+ ranks, pids \[([\d, ]+)\]")
+
+
+def manifest(
+    target: Any, *, name: str, runtime: str, bucket: str, steps: int = 40
+) -> dict[str, Any]:
+    """The quickstart of ``runtime`` writing losses and weights to /out, its own S3 prefix."""
+    body = demo.quickstart_manifest(target, name=name, path=demo.EXAMPLES[runtime])
+    spec = body["spec"]
+    spec["checkpoint"]["upload"]["uri"] = f"s3://{bucket}/{name}-{uuid.uuid4().hex[:6]}"
+    args = list(spec["args"])
+    args[args.index("--steps") + 1] = str(steps)
+    spec["args"] = [*args, "--losses-file", f"{OUT}/{LOSSES}", "--export", f"{OUT}/{EXPORT}"]
+    if runtime == "torchrun":
+        # Ray runs each 1-CPU rank actor with OMP_NUM_THREADS=1; torch's CPU
+        # kernels reduce in another order with more threads, so the baseline
+        # uses one thread too (losses differed in the last bit from step 6 on
+        # without it).
+        spec["env"] = [{"name": "OMP_NUM_THREADS", "value": "1"}]
+    spec["template"] = {
+        "volumes": [{"name": OUT_VOLUME, "emptyDir": {}}],
+        "volumeMounts": [{"name": OUT_VOLUME, "mountPath": OUT}],
+    }
+    return body
+
+
+def pods(core: client.CoreV1Api, namespace: str, job: str) -> list[Any]:
+    found = demo.retrying(
+        lambda: core.list_namespaced_pod(namespace, label_selector=f"cairn.dev/job-name={job}")
+    )
+    return sorted(found.items, key=lambda p: p.metadata.name)
+
+
+def pod_uids(core: client.CoreV1Api, namespace: str, job: str) -> dict[str, str]:
+    return {p.metadata.name: p.metadata.uid for p in pods(core, namespace, job)}
+
+
+def out_dir(state_dir: pathlib.Path, namespace: str, pod: str) -> pathlib.Path | None:
+    """The host directory of the pod's /out volume (None until it exists)."""
+    found = sorted((state_dir / "pods").glob(f"{namespace}_{pod}_*"))
+    return found[-1] / "volumes" / OUT_VOLUME if found else None
+
+
+def head_pod(job: dict[str, Any]) -> str:
+    name = job["metadata"]["name"]
+    return f"{name}-a{job['status']['attempt']}-n0"
+
+
+def loss_lines(state_dir: pathlib.Path, namespace: str, pod: str) -> int:
+    folder = out_dir(state_dir, namespace, pod)
+    if folder is None or not (folder / LOSSES).exists():
+        return 0
+    return len((folder / LOSSES).read_text().splitlines())
+
+
+def exported(state_dir: pathlib.Path, namespace: str, pod: str) -> bytes:
+    folder = out_dir(state_dir, namespace, pod)
+    assert folder is not None, f"no volume dir of {pod}"
+    return (folder / EXPORT).read_bytes()
+
+
+def losses(state_dir: pathlib.Path, namespace: str, pod: str) -> dict[int, float]:
+    """Step -> loss of the surviving lineage (a re-run step overwrites)."""
+    import json
+
+    folder = out_dir(state_dir, namespace, pod)
+    assert folder is not None
+    out: dict[int, float] = {}
+    for line in (folder / LOSSES).read_text().splitlines():
+        entry = json.loads(line)
+        out[entry["step"]] = entry["loss"]
+    return out
+
+
+def group_pids(core: client.CoreV1Api, namespace: str, pod: str) -> dict[int, list[int]]:
+    """Rank-actor PIDs of every group the driver started (from the head's log)."""
+    text = demo.retrying(lambda: core.read_namespaced_pod_log(pod, namespace, container="trainer"))
+    return {
+        int(m.group(1)): [int(p) for p in m.group(2).split(",")] for m in _GROUP_RE.finditer(text)
+    }
+
+
+def kill(pid: int) -> float:
+    """SIGKILL ``pid``; the monotonic time of the kill."""
+    os.kill(pid, signal.SIGKILL)
+    return time.monotonic()
+
+
+def wait_new_step(
+    state_dir: pathlib.Path, namespace: str, pod: str, *, after_lines: int, timeout: float
+) -> float:
+    """The monotonic time the losses file of ``pod`` first grew past ``after_lines``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if loss_lines(state_dir, namespace, pod) > after_lines:
+            return time.monotonic()
+        time.sleep(POLL_SECONDS)
+    raise AssertionError(f"{pod}: no new training step within {timeout:.0f}s")

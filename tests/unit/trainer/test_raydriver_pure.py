@@ -1,0 +1,275 @@
+"""Pure parts of the Ray driver: bundle layout, rank env, GPU env, the recovery
+decision table, the command line, the status.ray patch, and the monitor's
+group fencing (the `CheckpointMonitor` class without Ray)."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from cairn.api import exitcodes
+from cairn.checkpoint import monitor
+from cairn.trainer.raydriver import cli, placement, recovery
+from cairn.trainer.raydriver import status as status_mod
+
+# -- placement -------------------------------------------------------------------------
+
+
+def test_layout_two_nodes_two_procs_pins_ranks_by_node() -> None:
+    got = placement.layout(["head", "w1", "w2"], nodes=2, procs_per_node=2, cpus=1, gpus=0)
+    assert got.bundles == [{"CPU": 1}] * 4
+    assert got.node_of_rank == [0, 0, 1, 1]
+    assert [s[placement.NODE_ID_LABEL] for s in got.selectors] == ["head", "head", "w1", "w1"]
+
+
+def test_layout_gpu_bundle_carries_gpu() -> None:
+    got = placement.layout(["head"], nodes=1, procs_per_node=2, cpus=2, gpus=1)
+    assert got.bundles == [{"CPU": 2, "GPU": 1}] * 2
+
+
+def test_layout_too_few_nodes_names_the_counts() -> None:
+    with pytest.raises(ValueError, match="2 nodes wanted, 1 alive"):
+        placement.layout(["head"], nodes=2, procs_per_node=1, cpus=1, gpus=0)
+
+
+def test_world_size_rejects_zero() -> None:
+    with pytest.raises(ValueError, match="must be >= 1"):
+        placement.world_size(nodes=0, procs_per_node=2)
+
+
+def test_order_nodes_head_first_rest_sorted() -> None:
+    assert placement.order_nodes(["c", "head", "a"], head="head") == ["head", "a", "c"]
+
+
+def test_order_nodes_head_missing_raises() -> None:
+    with pytest.raises(ValueError, match="not among the alive nodes"):
+        placement.order_nodes(["a"], head="head")
+
+
+def test_rank_env_is_torchrun_shaped() -> None:
+    env = placement.rank_env(3, node_of_rank=[0, 0, 1, 1], procs_per_node=2)
+    assert env["RANK"] == "3"
+    assert env["WORLD_SIZE"] == "4"
+    assert env["LOCAL_RANK"] == "1"
+    assert env["LOCAL_WORLD_SIZE"] == "2"
+    assert env["CAIRN_NODE_RANK"] == "1"
+
+
+def test_cuda_env_shows_the_nodes_gpus_and_indexes_local_rank() -> None:
+    got = placement.cuda_env([["3"], ["1"], ["0"]], node_of_rank=[0, 0, 1])
+    assert got[0] == {"CUDA_VISIBLE_DEVICES": "1,3", "LOCAL_RANK": "1"}
+    assert got[1] == {"CUDA_VISIBLE_DEVICES": "1,3", "LOCAL_RANK": "0"}
+    assert got[2] == {"CUDA_VISIBLE_DEVICES": "0", "LOCAL_RANK": "0"}
+
+
+def test_cuda_env_cpu_ranks_get_nothing() -> None:
+    assert placement.cuda_env([[], []], node_of_rank=[0, 0]) == [{}, {}]
+
+
+# -- recovery decision -----------------------------------------------------------------
+
+
+def _died() -> recovery.GroupEnd:
+    return recovery.GroupEnd(kind="rank_died", rank=1, reason="SIGKILL")
+
+
+def test_rank_died_with_budget_restarts_in_place() -> None:
+    got = recovery.decide(_died(), restarts_done=0, budget=3, preempting=False)
+    assert got.restart and "in-place restart 1/3" in got.reason
+
+
+def test_rank_died_budget_spent_exits_retryable() -> None:
+    got = recovery.decide(_died(), restarts_done=3, budget=3, preempting=False)
+    assert not got.restart and got.exit_code == recovery.RETRYABLE_EXIT_CODE
+    assert "budget (3) is spent" in got.reason
+
+
+def test_zero_budget_never_restarts() -> None:
+    got = recovery.decide(_died(), restarts_done=0, budget=0, preempting=False)
+    assert not got.restart and got.exit_code == recovery.RETRYABLE_EXIT_CODE
+
+
+def test_rank_died_while_preempting_exits_retryable() -> None:
+    got = recovery.decide(_died(), restarts_done=0, budget=3, preempting=True)
+    assert not got.restart and got.exit_code == recovery.RETRYABLE_EXIT_CODE
+
+
+def test_node_lost_exits_retryable_even_with_budget() -> None:
+    end = recovery.GroupEnd(kind="node_lost", rank=0, reason="node x not alive")
+    got = recovery.decide(end, restarts_done=0, budget=3, preempting=False)
+    assert not got.restart and got.exit_code == recovery.RETRYABLE_EXIT_CODE
+
+
+def test_rank_raised_exits_one() -> None:
+    end = recovery.GroupEnd(kind="failed", rank=0, reason="rank 0 raised RayTaskError")
+    assert recovery.decide(end, restarts_done=0, budget=3, preempting=False).exit_code == 1
+
+
+def test_grace_timed_out_exits_retryable() -> None:
+    end = recovery.GroupEnd(kind="timed_out", reason="no final checkpoint within 30s")
+    got = recovery.decide(end, restarts_done=0, budget=3, preempting=True)
+    assert got.exit_code == recovery.RETRYABLE_EXIT_CODE
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [
+        ((0, 0), 0),
+        ((exitcodes.PREEMPTED, exitcodes.PREEMPTED), exitcodes.PREEMPTED),
+        ((0, exitcodes.CONFIG_ERROR), exitcodes.CONFIG_ERROR),
+        ((exitcodes.PREEMPTED, 3), 3),
+        ((2, None), 2),
+    ],
+)
+def test_finished_codes_combine(codes: tuple[int | None, ...], expected: int) -> None:
+    end = recovery.GroupEnd(kind="finished", codes=codes)
+    assert recovery.decide(end, restarts_done=0, budget=3, preempting=False).exit_code == expected
+
+
+# -- command line ------------------------------------------------------------------------
+
+
+def test_cli_defaults_from_pod_env() -> None:
+    cfg = cli.parse(
+        ["cairn.trainer.reference:main", "--", "--steps=3"],
+        {
+            "CAIRN_NNODES": "2",
+            "CAIRN_NPROC_PER_NODE": "2",
+            "CAIRN_RAY_MAX_INPLACE_RESTARTS": "5",
+            "CAIRN_RAY_NUM_GPUS": "1",
+            "CAIRN_FINAL_CHECKPOINT_GRACE_SECONDS": "60",
+        },
+    )
+    assert (cfg.nodes, cfg.procs_per_node, cfg.max_inplace_restarts) == (2, 2, 5)
+    assert cfg.gpus_per_rank == 1.0
+    assert cfg.grace_seconds == 60.0
+    assert cfg.argv == ["--steps=3"]
+
+
+def test_cli_flags_override_env() -> None:
+    cfg = cli.parse(
+        ["--nodes=1", "--procs-per-node=3", "--max-inplace-restarts=0", "m:f"],
+        {"CAIRN_NNODES": "2"},
+    )
+    assert (cfg.nodes, cfg.procs_per_node, cfg.max_inplace_restarts, cfg.argv) == (1, 3, 0, [])
+
+
+def test_cli_target_without_function_is_a_config_error() -> None:
+    with pytest.raises(ValueError, match="MODULE:FUNCTION"):
+        cli.parse(["cairn.trainer.reference"], {})
+
+
+def test_cli_malformed_env_names_the_variable() -> None:
+    with pytest.raises(ValueError, match="CAIRN_NNODES"):
+        cli.parse(["m:f"], {"CAIRN_NNODES": "two"})
+
+
+# -- status.ray ---------------------------------------------------------------------------
+
+
+def test_restart_body_counts_up_and_names_the_step() -> None:
+    before = status_mod.current({"status": {"ray": {"group": 1, "inPlaceRestarts": 4}}})
+    body = status_mod.restart_body(
+        before,
+        group=2,
+        reason="rank 1 actor died",
+        from_step=8,
+        now=datetime.datetime(2026, 11, 23, 14, 0, tzinfo=datetime.UTC),
+    )
+    assert body == {
+        "status": {
+            "ray": {
+                "group": 2,
+                "inPlaceRestarts": 5,
+                "lastInPlaceRestart": {
+                    "time": "2026-11-23T14:00:00Z",
+                    "reason": "rank 1 actor died",
+                    "fromStep": 8,
+                },
+            }
+        }
+    }
+
+
+def test_current_of_a_job_without_ray_status_is_zero() -> None:
+    assert status_mod.current({"status": {}}) == status_mod.RayStatus()
+    assert status_mod.current(None) == status_mod.RayStatus()
+
+
+# -- the monitor's fencing (plain class) ---------------------------------------------------
+
+
+def test_monitor_refuses_an_old_group_after_advance() -> None:
+    mon = monitor.CheckpointMonitor(group=0)
+    assert mon.put(0, "k/0", {"files": []}) == {}
+    mon.advance(1)
+    assert "fenced" in mon.put(0, "k/0", {"files": []})
+    assert "fenced" in mon.propose(0, "step-2/committed", {"manifest": {}})
+    assert "fenced" in mon.check(0)
+    assert mon.check(1) == {}
+
+
+def test_monitor_new_group_never_sees_old_reports() -> None:
+    mon = monitor.CheckpointMonitor(group=0)
+    mon.put(0, "ns/step-2/written/0", {"files": ["old"]})
+    mon.advance(1)
+    assert mon.get(1, "ns/step-2/written/0") == {"missing": True}
+
+
+def test_monitor_refuses_going_back() -> None:
+    mon = monitor.CheckpointMonitor(group=2)
+    with pytest.raises(ValueError, match="older"):
+        mon.advance(1)
+
+
+def test_monitor_gather_waits_for_every_key() -> None:
+    mon = monitor.CheckpointMonitor()
+    mon.put(0, "w/0", {"a": 1})
+    assert mon.get_all(0, ["w/0", "w/1"]) == {"missing": True}
+    mon.put(0, "w/1", {"a": 2})
+    assert mon.get_all(0, ["w/0", "w/1"]) == {"values": [{"a": 1}, {"a": 2}]}
+
+
+def test_monitor_propose_first_wins_and_remembers_the_commit() -> None:
+    mon = monitor.CheckpointMonitor()
+    first = {"manifest": {"step": 4}}
+    assert mon.propose(0, "cairn-ckpt/attempt-1/manager-0/step-4/committed", first) == {
+        "value": first
+    }
+    assert mon.propose(0, "cairn-ckpt/attempt-1/manager-0/step-4/committed", {"error": "x"}) == {
+        "value": first
+    }
+    mon.propose(0, "cairn-ckpt/attempt-1/manager-0/step-6/committed", {"error": "late"})
+    assert mon.last_committed() == 4
+
+
+def test_monitor_preemption_is_sticky() -> None:
+    mon = monitor.CheckpointMonitor()
+    assert mon.preemption() is None
+    mon.request_preemption()
+    first = mon.preemption()
+    mon.request_preemption()
+    assert first is not None and mon.preemption() == first
+
+
+# -- the rank actor's plain parts ------------------------------------------------------------
+
+
+def test_exit_code_of_return_values() -> None:
+    from cairn.trainer.raydriver import rank
+
+    assert rank.exit_code(None) == 0
+    assert rank.exit_code(143) == 143
+    assert rank.exit_code(True) == 0
+    assert rank.exit_code(False) == 1
+
+
+def test_load_target_rejects_a_module_without_function() -> None:
+    from cairn.trainer.raydriver import rank
+
+    with pytest.raises(ValueError, match="MODULE:FUNCTION"):
+        rank.load_target("cairn.trainer.reference")
+    with pytest.raises(ValueError, match="is not a function"):
+        rank.load_target("cairn.trainer.reference:PREEMPTED_EXIT_CODE")
+    assert callable(rank.load_target("cairn.trainer.reference:main"))

@@ -1,0 +1,140 @@
+"""The Ray node launcher's pure decisions (``cairn.trainer.raynode_plan``).
+
+Covers: the node's settings from the pod env the operator writes (head for
+rank 0, workers otherwise, optional Ray settings), malformed contracts as
+``LauncherError`` (exit 78), the ``ray start`` command lines of head and
+worker, the children's env (RAY_ADDRESS, auth mode kept when the user set it,
+never the loopback-only flag that forbids multi-node), the version check, the
+worker's exit decision (0 only after an announced success; the head's failure
+echoed as ``FollowsHead``), and parsing of the announced outcome.
+"""
+
+import pytest
+
+from cairn.api import exitcodes, podenv
+from cairn.trainer import raynode_plan
+
+HEAD = "job-a1-n0.job.ns.svc.cluster.local"
+
+
+def _env(rank: int = 0, **extra: str) -> dict[str, str]:
+    return {
+        podenv.NODE_RANK: str(rank),
+        podenv.NNODES: "2",
+        podenv.MASTER_ADDR_CAIRN: HEAD,
+        podenv.RAY_PORT: "6379",
+        podenv.POD_IP: "10.244.1.7",
+        **extra,
+    }
+
+
+ARGV = ["--", "python", "-m", "cairn.trainer.raydriver", "m:f", "--", "--steps", "4"]
+
+
+def test_rank_zero_is_the_head_with_the_driver_after_the_separator() -> None:
+    cfg = raynode_plan.config(_env(0), ARGV)
+    assert cfg.head and cfg.nodes == 2 and cfg.address == f"{HEAD}:6379"
+    assert cfg.driver == ("python", "-m", "cairn.trainer.raydriver", "m:f", "--", "--steps", "4")
+    assert cfg.temp_dir == podenv.RAY_TEMP_DIR
+    assert (cfg.num_cpus, cfg.num_gpus, cfg.object_store_bytes, cfg.version) == (
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+def test_head_start_command() -> None:
+    cfg = raynode_plan.config(
+        _env(0, **{podenv.RAY_NUM_CPUS: "2", podenv.RAY_OBJECT_STORE_BYTES: "100000000"}), ARGV
+    )
+    assert raynode_plan.start_argv(cfg, "/py") == [
+        "/py",
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--block",
+        "--head",
+        "--port=6379",
+        "--include-dashboard=false",
+        "--temp-dir=/tmp/ray",
+        "--disable-usage-stats",
+        "--node-ip-address=10.244.1.7",
+        "--num-cpus=2",
+        "--object-store-memory=100000000",
+    ]
+
+
+def test_worker_start_command_joins_the_head() -> None:
+    cfg = raynode_plan.config(_env(1, **{podenv.RAY_NUM_GPUS: "1"}), ARGV)
+    assert not cfg.head
+    argv = raynode_plan.start_argv(cfg, "/py")
+    assert f"--address={HEAD}:6379" in argv and "--head" not in argv
+    assert not any(a.startswith("--include-dashboard") for a in argv)
+    assert "--num-gpus=1" in argv
+
+
+def test_without_pod_ip_ray_picks_the_address() -> None:
+    env = _env(1)
+    del env[podenv.POD_IP]
+    cfg = raynode_plan.config(env, ARGV)
+    assert not any(a.startswith("--node-ip-address") for a in raynode_plan.start_argv(cfg, "p"))
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "needle"),
+    [
+        ({**_env(0), podenv.NODE_RANK: "x"}, ARGV, "not an integer"),
+        ({k: v for k, v in _env(0).items() if k != podenv.NNODES}, ARGV, "is not set"),
+        (_env(2), ARGV, "outside 0..1"),
+        ({**_env(0), podenv.MASTER_ADDR_CAIRN: ""}, ARGV, "CAIRN_MASTER_ADDR"),
+        (_env(0), ["python", "x.py"], "usage"),
+        (_env(0), ["--"], "no driver command"),
+        ({**_env(0), raynode_plan.JOIN_TIMEOUT_ENV: "soon"}, ARGV, "not a number"),
+    ],
+)
+def test_malformed_contract_is_a_launcher_error(
+    env: dict[str, str], argv: list[str], needle: str
+) -> None:
+    with pytest.raises(raynode_plan.LauncherError, match=needle):
+        raynode_plan.config(env, argv)
+
+
+def test_version_check() -> None:
+    assert raynode_plan.version_error(wanted=None, installed="2.60.0") is None
+    assert raynode_plan.version_error(wanted="2.60.0", installed="2.60.0") is None
+    wrong = raynode_plan.version_error(wanted="2.9.3", installed="2.60.0")
+    assert wrong == "spec.ray.version is 2.9.3 but the image has ray 2.60.0"
+    missing = raynode_plan.version_error(wanted=None, installed=None)
+    assert missing is not None and "not installed" in missing
+
+
+def test_child_env() -> None:
+    cfg = raynode_plan.config(_env(0), ARGV)
+    env = raynode_plan.child_env(cfg, {"PATH": "/bin"})
+    assert env["RAY_ADDRESS"] == f"{HEAD}:6379"
+    assert env["RAY_AUTH_MODE"] == "disabled"
+    assert env["PATH"] == "/bin"
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in env
+    chosen = raynode_plan.child_env(cfg, {"RAY_AUTH_MODE": "token"})
+    assert chosen["RAY_AUTH_MODE"] == "token"
+
+
+def test_worker_exits_zero_only_after_an_announced_success() -> None:
+    assert raynode_plan.worker_exit(0, terminated=False) == (0, "the driver on the head succeeded")
+    assert raynode_plan.worker_exit(0, terminated=True)[0] == 0
+    code, reason = raynode_plan.worker_exit(3, terminated=False)
+    assert code != 0 and exitcodes.follows_head(reason) and "code 3" in reason
+    code, reason = raynode_plan.worker_exit(None, terminated=False)
+    assert code != 0 and "vanished" in reason and not exitcodes.follows_head(reason)
+    code, reason = raynode_plan.worker_exit(None, terminated=False, ray_exit=1)
+    assert code != 0 and "ray start exited with code 1" in reason
+    code, _ = raynode_plan.worker_exit(None, terminated=True)
+    assert code == exitcodes.PREEMPTED
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"), [(None, None), (b"0", 0), (b"143", 143), (b"x", None), (b"\xff", None)]
+)
+def test_parse_outcome(raw: bytes | None, code: int | None) -> None:
+    assert raynode_plan.parse_outcome(raw) == code

@@ -1,0 +1,150 @@
+"""Restore's observe step: which copies of which steps to try, newest first.
+
+Rank 0 looks (its volume, and the S3 listing) and broadcasts the list;
+every rank then tries the same copies in the same order
+(`cairn.checkpoint.restore`):
+
+    latest     every step `layout.classify` calls `committed` (this job's,
+               or an older Cairn's), newest first: its local folder, then
+               its S3 copy; foreign, unreadable and unknown folders are
+               logged and never candidates
+    explicit   `resume.step`: that step only (a foreign step or a plain DCP
+               folder too: imported); absent or of a newer format is a
+               ConfigurationError
+    uri        `resume.uri`: a Cairn step folder (manifest.json) or a plain
+               DCP checkpoint (`.metadata`, verified by listing)
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+
+import pydantic
+
+from cairn.api import checkpointspec
+from cairn.api import manifest as manifest_mod
+from cairn.checkpoint import errors, foreign, layout, remote
+from cairn.checkpoint import fetch as fetch_mod
+from cairn.checkpoint import verdict as verdict_mod
+
+log = logging.getLogger(__name__)
+
+
+def plan(ctx: fetch_mod.Context, *, step: int | None, uri: str | None) -> list[verdict_mod.Copy]:
+    """Collective: rank 0 lists the copies to try and broadcasts them (or its error)."""
+    key = f"{ctx.namespace}/plan"
+    if ctx.rank == 0:
+        try:
+            copies = [_uri(ctx, uri)] if uri is not None else _steps(ctx, step)
+        except Exception as exc:
+            ctx.coordinator.broadcast(key, errors.to_doc(exc))
+            raise
+        ctx.coordinator.broadcast(key, {"copies": [c.to_json() for c in copies]})
+        return copies
+    found = ctx.coordinator.wait_for(key, timeout=ctx.timeout)
+    errors.raise_doc(found, where="resume planning on rank 0")
+    return [verdict_mod.Copy.from_json(doc) for doc in found["copies"]]
+
+
+def _steps(ctx: fetch_mod.Context, step: int | None) -> list[verdict_mod.Copy]:
+    """Copies of this job's committed steps, newest first: local, then S3."""
+    opts = ctx.opts
+    kinds = {
+        n: layout.classify(folder, job_uid=opts.job_uid)
+        for n, folder in layout.step_dirs(opts.directory).items()
+    }
+    remote_steps: set[int] = set()
+    if ctx.s3_client is not None and opts.s3 is not None:
+        client, s3opts = ctx.s3_client, opts.s3
+        listed = remote.retrying(
+            lambda: remote.committed_steps(client, s3opts), what="listing remote steps"
+        )
+        remote_steps = set(listed)
+    if step is not None:
+        return _explicit(ctx, step, kinds=kinds, remote_steps=remote_steps)
+    for n, kind in sorted(kinds.items(), reverse=True):
+        if kind not in ("committed", "partial_own"):
+            log.warning("checkpoint folder step %d is %s: kept, not a resume candidate", n, kind)
+    local = {n for n, kind in kinds.items() if kind == "committed"}
+    copies: list[verdict_mod.Copy] = []
+    for n in sorted(local | remote_steps, reverse=True):
+        if n in local:
+            copies.append(verdict_mod.Copy(step=n, source="local"))
+        if n in remote_steps:
+            copies.append(verdict_mod.Copy(step=n, source="s3"))
+    return copies
+
+
+def _explicit(
+    ctx: fetch_mod.Context, step: int, *, kinds: dict[int, layout.Kind], remote_steps: set[int]
+) -> list[verdict_mod.Copy]:
+    kind = kinds.get(step)
+    copies: list[verdict_mod.Copy] = []
+    if kind == "unreadable":
+        folder = layout.step_dir(ctx.opts.directory, step)
+        raise errors.ConfigurationError(
+            f"requested resume step {step}: {folder} is unreadable here ({_why_unreadable(folder)})"
+        )
+    if kind == "committed":
+        copies.append(verdict_mod.Copy(step=step, source="local"))
+    elif kind == "foreign":
+        plain = not (
+            layout.step_dir(ctx.opts.directory, step) / manifest_mod.MANIFEST_NAME
+        ).exists()
+        copies.append(verdict_mod.Copy(step=step, source="local", own=False, plain_dcp=plain))
+    if step in remote_steps:
+        copies.append(verdict_mod.Copy(step=step, source="s3"))
+    if not copies:
+        raise errors.ConfigurationError(
+            f"requested resume step {step} is not committed anywhere"
+            f" (local: {kind or 'absent'}; S3: {'listed' if step in remote_steps else 'absent'})"
+        )
+    return copies
+
+
+def _why_unreadable(folder: pathlib.Path) -> str:
+    try:
+        layout.read_manifest(folder)
+    except (errors.CheckpointError, ValueError, OSError) as exc:  # newer format, invalid, EACCES
+        return str(exc)
+    return "manifest of another step"
+
+
+def _uri(ctx: fetch_mod.Context, uri: str) -> verdict_mod.Copy:
+    """What is at resume.uri: a Cairn step folder or a plain DCP checkpoint."""
+    client, s3opts = fetch_mod.s3(ctx)
+    bucket, prefix = checkpointspec.split_s3_uri(uri)
+    raw = remote.retrying(
+        lambda: remote.get_bytes_or_none(client, bucket, f"{prefix}/{manifest_mod.MANIFEST_NAME}"),
+        what=f"reading {uri}",
+    )
+    if raw is not None:
+        try:
+            found = manifest_mod.parse_manifest(raw)
+        except (pydantic.ValidationError, ValueError) as exc:
+            raise errors.ConfigurationError(f"{uri}/manifest.json cannot be used: {exc}") from exc
+        return verdict_mod.Copy(
+            step=found.step, source="s3", own=False, bucket=bucket, folder_prefix=prefix
+        )
+    sizes = remote.retrying(
+        lambda: remote.list_sizes(client, bucket, prefix), what=f"listing {uri}"
+    )
+    if foreign.DCP_METADATA not in sizes:
+        raise errors.ConfigurationError(
+            f"{uri} holds neither a Cairn manifest.json nor a DCP .metadata"
+            f" ({len(sizes)} objects under it): not a checkpoint"
+        )
+    folder = fetch_mod.import_dir(ctx)
+    remote.retrying(
+        lambda: remote.download_files(
+            client, s3opts, bucket=bucket, prefix=prefix, folder=folder, names=[".metadata"]
+        ),
+        what=f"reading {uri}/.metadata",
+    )
+    problems = foreign.verify_listing(sizes, foreign.read_metadata(folder))
+    if problems:
+        raise errors.ConfigurationError(f"{uri} is an incomplete DCP checkpoint: {problems[:5]}")
+    return verdict_mod.Copy(
+        step=0, source="s3", own=False, plain_dcp=True, bucket=bucket, folder_prefix=prefix
+    )

@@ -1,0 +1,369 @@
+"""The driver loop: place, start a group, watch it, recover in place or exit.
+
+    connect → placement group (one bundle per rank) → monitor actor
+    loop:
+        start group g: rank actors, MASTER_ADDR/PORT from rank 0's actor, run
+        watch: every rank returned / an actor died / a node is gone / SIGTERM
+        decide (`recovery.decide`): exit, or in place: monitor.advance(g+1),
+            status.ray (API), kill the old actors, start group g+1
+
+The placement group survives in-place restarts (its bundles are freed when
+the old actors die and taken by the new ones), so a restart costs new actor
+processes, the process group and the restore, not a reservation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import threading
+import time
+import types
+import typing
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from cairn.checkpoint import monitor as monitor_mod
+from cairn.trainer.raydriver import placement, rank, recovery
+from cairn.trainer.raydriver import status as status_mod
+
+log = logging.getLogger("cairn.trainer.raydriver")
+
+FORWARDED_PREFIXES = ("CAIRN_", "AWS_", "TORCH", "NCCL_", "GLOO_", "OMP_")
+"""The driver's env a rank actor gets (the head pod's contract, test settings)."""
+FORWARDED_NAMES = ("TMPDIR", "PYTHONHASHSEED")
+DRIVER_ONLY = ("CAIRN_TERMINATION_MESSAGE_PATH",)
+WATCH_SECONDS = 0.2
+KILL_WAIT_SECONDS = 30.0
+PEER_DEATH_GRACE_SECONDS = 5.0
+"""How long a rank's failure waits for a peer's death to be reported (Ray
+reports an actor's death within about a second here; measured 0.3-0.4 s)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Config:
+    target: str
+    argv: list[str]
+    nodes: int = 1
+    procs_per_node: int = 1
+    cpus_per_rank: float = 1.0
+    gpus_per_rank: float = 0.0
+    max_inplace_restarts: int = 3
+    grace_seconds: float | None = None
+    """The final checkpoint's grace after SIGTERM (CAIRN_FINAL_CHECKPOINT_GRACE_SECONDS)."""
+    start_timeout_seconds: float = 300.0
+    """Bound on the placement group becoming ready and on actors starting."""
+    address: str | None = None
+    namespace: str | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class Group:
+    generation: int
+    actors: list[typing.Any]
+    runs: list[typing.Any]
+    pids: list[int]
+    node_ids: list[str]
+    started: float
+
+
+class Driver:
+    """One driver run; `run()` returns the process exit code."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        env: typing.Mapping[str, str] | None = None,
+        reporter: status_mod.Reporter | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self._env = dict(os.environ if env is None else env)
+        self._reporter = reporter
+        self._preempt = threading.Event()
+        self._preempt_at: float | None = None
+        self._preempt_sent = False
+        self.restarts = 0
+        self.groups: list[Group] = []
+        self._monitor: typing.Any = None
+        self._pg: typing.Any = None
+        self._layout: placement.Layout | None = None
+
+    # -- entry ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._connect()
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            return self._loop()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self._teardown()
+
+    def _on_sigterm(self, signum: int, frame: types.FrameType | None) -> None:
+        # Only flags here; the loop tells the monitor (no Ray calls in a handler).
+        if not self._preempt.is_set():
+            self._preempt_at = time.monotonic()
+            self._preempt.set()
+
+    def _connect(self) -> None:
+        namespace = self.cfg.namespace or f"cairn-{self._env.get('CAIRN_JOB_UID') or os.getpid()}"
+        if not ray.is_initialized():
+            ray.init(
+                address=self.cfg.address or self._env.get("RAY_ADDRESS") or "auto",
+                namespace=namespace,
+                log_to_driver=True,
+            )
+        self._namespace = namespace
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _loop(self) -> int:
+        generation = self._reporter.initial_group() if self._reporter else 0
+        try:
+            self._place()
+        except (ValueError, RuntimeError) as exc:
+            # Too few Ray nodes or resources: the pods' problem, a gang restart's to fix.
+            log.error("driver exits %d: %s", recovery.RETRYABLE_EXIT_CODE, exc)
+            return recovery.RETRYABLE_EXIT_CODE
+        self._monitor = (
+            ray.remote(monitor_mod.CheckpointMonitor)
+            .options(name=monitor_mod.ACTOR_NAME, num_cpus=0)
+            .remote(group=generation)
+        )
+        while True:
+            group = self._start_group(generation)
+            end = self._watch(group)
+            decision = recovery.decide(
+                end,
+                restarts_done=self.restarts,
+                budget=self.cfg.max_inplace_restarts,
+                preempting=self._preempt.is_set(),
+            )
+            log.info("group %d ended (%s): %s", generation, end.kind, decision.reason)
+            if not decision.restart:
+                self._kill_group(group)
+                if decision.exit_code == 0:
+                    log.info("training finished")
+                else:
+                    log.error("driver exits %d: %s", decision.exit_code, decision.reason)
+                return decision.exit_code
+            generation = self._restart_in_place(group, reason=decision.reason)
+
+    def _restart_in_place(self, group: Group, *, reason: str) -> int:
+        """Fence the old group (monitor, then API), kill its actors; the next generation."""
+        generation = group.generation + 1
+        ray.get(self._monitor.advance.remote(generation), timeout=60)
+        from_step = ray.get(self._monitor.last_committed.remote(), timeout=60)
+        if self._reporter is not None:
+            self._reporter.group_started(group=generation, reason=reason, from_step=from_step)
+        self._kill_group(group)
+        self.restarts += 1
+        log.warning(
+            "in-place restart %d/%d: group %d -> %d from step %s (%s)",
+            self.restarts,
+            self.cfg.max_inplace_restarts,
+            group.generation,
+            generation,
+            from_step,
+            reason,
+        )
+        return generation
+
+    # -- placement and actors ---------------------------------------------------------
+
+    def _alive_nodes(self) -> list[str]:
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]  # Ray's API is untyped here
+        return [n["NodeID"] for n in nodes if n.get("Alive")]
+
+    def _place(self) -> None:
+        head = ray.get_runtime_context().get_node_id()
+        nodes = placement.order_nodes(self._alive_nodes(), head=head)
+        self._layout = placement.layout(
+            nodes,
+            nodes=self.cfg.nodes,
+            procs_per_node=self.cfg.procs_per_node,
+            cpus=self.cfg.cpus_per_rank,
+            gpus=self.cfg.gpus_per_rank,
+        )
+        self._pg = placement_group(
+            self._layout.bundles,
+            strategy="PACK",
+            bundle_label_selector=self._layout.selectors,
+        )
+        try:
+            ray.get(self._pg.ready(), timeout=self.cfg.start_timeout_seconds)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise RuntimeError(
+                f"placement group of {len(self._layout.bundles)} bundles "
+                f"({self._layout.bundles[0]} each) not ready within "
+                f"{self.cfg.start_timeout_seconds:.0f}s: not enough resources on the nodes"
+            ) from exc
+        self._group_nodes = sorted(set(s[placement.NODE_ID_LABEL] for s in self._layout.selectors))
+
+    def _start_group(self, generation: int) -> Group:
+        layout = self._layout
+        assert layout is not None
+        actor_cls = ray.remote(rank.RankActor)
+        # Actor handles: Ray's stubs do not type the methods' `.remote`.
+        actors: list[typing.Any] = [
+            actor_cls.options(
+                num_cpus=self.cfg.cpus_per_rank,
+                num_gpus=self.cfg.gpus_per_rank,
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._pg, placement_group_bundle_index=r
+                ),
+            ).remote(rank=r, group=generation)
+            for r in range(len(layout.bundles))
+        ]
+        wheres = ray.get([a.where.remote() for a in actors], timeout=self.cfg.start_timeout_seconds)
+        cuda = placement.cuda_env([w["gpus"] for w in wheres], node_of_rank=layout.node_of_rank)
+        base = self._forwarded_env()
+        runs = []
+        for r, actor in enumerate(actors):
+            env = {
+                **base,
+                **placement.rank_env(
+                    r, node_of_rank=layout.node_of_rank, procs_per_node=self.cfg.procs_per_node
+                ),
+                **cuda[r],
+                "MASTER_ADDR": wheres[0]["ip"],
+                "MASTER_PORT": str(wheres[0]["port"]),
+                monitor_mod.MONITOR_ENV: monitor_mod.ACTOR_NAME,
+                monitor_mod.NAMESPACE_ENV: self._namespace,
+                monitor_mod.GROUP_ENV: str(generation),
+            }
+            if r != 0:
+                env["CAIRN_REPORT_STATUS"] = ""  # status is rank 0's (unset in the actor)
+            runs.append(actor.run.remote(self.cfg.target, self.cfg.argv, env, self._monitor))
+        group = Group(
+            generation=generation,
+            actors=actors,
+            runs=runs,
+            pids=[w["pid"] for w in wheres],
+            node_ids=[layout.selectors[r][placement.NODE_ID_LABEL] for r in range(len(actors))],
+            started=time.monotonic(),
+        )
+        self.groups.append(group)
+        log.info("group %d started: %d ranks, pids %s", generation, len(actors), group.pids)
+        return group
+
+    def _forwarded_env(self) -> dict[str, str]:
+        return {
+            k: v
+            for k, v in self._env.items()
+            if (k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES) and k not in DRIVER_ONLY
+        }
+
+    # -- watching ---------------------------------------------------------------------
+
+    def _watch(self, group: Group) -> recovery.GroupEnd:
+        codes: list[int | None] = [None] * len(group.runs)
+        pending = {ref: r for r, ref in enumerate(group.runs)}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=WATCH_SECONDS)
+            for ref in ready:
+                r = pending.pop(ref)
+                try:
+                    codes[r] = int(ray.get(ref))
+                except ray.exceptions.RayActorError as exc:
+                    return self._actor_died(group, r, exc)
+                except ray.exceptions.RayTaskError as exc:
+                    # A peer's death often surfaces first as a collective's error
+                    # here (gloo: connection reset): the death is the cause.
+                    dead = self._dead_peer(pending)
+                    if dead is not None:
+                        return self._actor_died(group, *dead)
+                    log.error("rank %d raised:\n%s", r, exc)
+                    return recovery.GroupEnd(
+                        kind="failed", rank=r, reason=f"rank {r} raised {type(exc).__name__}"
+                    )
+                if codes[r] not in (0, None) and len(pending) > 0:
+                    dead = self._dead_peer(pending)
+                    if dead is not None:
+                        return self._actor_died(group, *dead)
+                    # The others wait in collectives for this rank forever.
+                    return recovery.GroupEnd(kind="finished", codes=tuple(codes), rank=r)
+            if self._preempt.is_set():
+                timed_out = self._preemption_tick()
+                if timed_out is not None:
+                    return timed_out
+        return recovery.GroupEnd(kind="finished", codes=tuple(codes))
+
+    def _dead_peer(self, pending: dict[typing.Any, int]) -> tuple[int, BaseException] | None:
+        """A rank among `pending` whose actor died (waits `PEER_DEATH_GRACE_SECONDS`)."""
+        if not pending:
+            return None
+        ready, _ = ray.wait(
+            list(pending), num_returns=len(pending), timeout=PEER_DEATH_GRACE_SECONDS
+        )
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                return pending[ref], exc
+            except Exception as exc:  # another rank's failure: not a death
+                log.debug("rank %d ended with %s", pending[ref], type(exc).__name__)
+        return None
+
+    def _actor_died(self, group: Group, r: int, exc: BaseException) -> recovery.GroupEnd:
+        alive = set(self._alive_nodes())
+        gone = [n for n in self._group_nodes if n not in alive]
+        if gone:
+            return recovery.GroupEnd(kind="node_lost", rank=r, reason=f"node(s) {gone} not alive")
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return recovery.GroupEnd(
+            kind="rank_died", rank=r, reason=f"rank {r} actor died: {first_line[:200]}"
+        )
+
+    def _preemption_tick(self) -> recovery.GroupEnd | None:
+        """Tell the ranks once; after the grace period, give up (they are killed)."""
+        if not self._preempt_sent:
+            self._preempt_sent = True
+            log.warning("SIGTERM: asking every rank for the final checkpoint")
+            ray.get(self._monitor.request_preemption.remote(), timeout=60)
+        grace = self.cfg.grace_seconds
+        assert self._preempt_at is not None
+        if grace is not None and time.monotonic() - self._preempt_at > grace:
+            return recovery.GroupEnd(
+                kind="timed_out",
+                reason=f"the ranks did not finish the final checkpoint within {grace:.0f}s",
+            )
+        return None
+
+    # -- teardown ---------------------------------------------------------------------
+
+    def _kill_group(self, group: Group) -> None:
+        for actor in group.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception as exc:  # already dead
+                log.debug("kill: %s", exc)
+        # Bounded wait until the actors are gone, so their bundles are free.
+        deadline = time.monotonic() + KILL_WAIT_SECONDS
+        for ref in group.runs:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                ray.get(ref, timeout=remaining)
+            except ray.exceptions.GetTimeoutError:
+                log.warning("a rank actor of group %d did not die in time", group.generation)
+                break
+            except Exception as exc:  # the expected ActorDiedError, or its return value
+                log.debug("group %d rank ended: %s", group.generation, type(exc).__name__)
+
+    def _teardown(self) -> None:
+        if self._monitor is not None:
+            try:
+                ray.kill(self._monitor, no_restart=True)
+            except Exception as exc:
+                log.debug("monitor kill: %s", exc)
+        if self._pg is not None:
+            try:
+                remove_placement_group(self._pg)
+            except Exception as exc:
+                log.debug("placement group removal: %s", exc)

@@ -1,0 +1,206 @@
+"""The pure half of the Ray node launcher (``cairn.trainer.raynode``).
+
+Pure: the pod's env (``cairn.api.podenv``) and argv in, the node's settings,
+the ``ray start`` command line, the children's env and the exit decisions
+out. No Ray import here: the launcher checks the version before it loads Ray.
+
+Roles: node rank 0 is the head (``ray start --head``, then the driver, the
+user's command), every other rank a worker (``ray start --address``). The
+head announces the driver's exit code in Ray's internal KV
+(``OUTCOME_NAMESPACE``/``OUTCOME_KEY``) before it stops Ray; a worker exits
+0 only when it read a success there (:func:`worker_exit`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from cairn.api import exitcodes, podenv
+
+OUTCOME_NAMESPACE = b"cairn"
+OUTCOME_KEY = b"driver-exit-code"
+TEMP_DIR_ENV = "CAIRN_RAY_TEMP_DIR"
+"""Overrides ``podenv.RAY_TEMP_DIR`` (tests outside a pod; keep it short: Ray's
+Unix socket paths under it must stay below 107 bytes)."""
+JOIN_TIMEOUT_ENV = "CAIRN_RAY_JOIN_TIMEOUT_SECONDS"
+JOIN_TIMEOUT_DEFAULT = 300.0
+"""How long the head waits for every node, and a worker for the head's GCS."""
+HEAD_LOST_EXIT = 1
+"""A worker whose head vanished without announcing the driver's outcome."""
+DRIVER_FAILED_EXIT = 1
+"""A worker whose head announced a failed driver (the head's pod carries the cause)."""
+NOT_JOINED_EXIT = 1
+"""The head gave up waiting for the workers (retryable: a new attempt may work)."""
+
+
+class LauncherError(ValueError):
+    """The pod contract is malformed: a configuration error (exit 78)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class NodeConfig:
+    """What one pod's launcher does."""
+
+    head: bool
+    rank: int
+    nodes: int
+    head_host: str
+    port: int
+    node_ip: str | None
+    temp_dir: str
+    num_cpus: int | None
+    num_gpus: int | None
+    object_store_bytes: int | None
+    version: str | None
+    join_timeout_seconds: float
+    driver: tuple[str, ...]
+    """The user's command and args (run on the head only)."""
+
+    @property
+    def address(self) -> str:
+        return f"{self.head_host}:{self.port}"
+
+
+def _int(env: typing.Mapping[str, str], name: str, default: int | None = None) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise LauncherError(f"{name}={raw!r} is not an integer") from None
+
+
+def _required_int(env: typing.Mapping[str, str], name: str) -> int:
+    value = _int(env, name)
+    if value is None:
+        raise LauncherError(f"{name} is not set (the operator sets it in every pod)")
+    return value
+
+
+def driver_argv(argv: typing.Sequence[str]) -> tuple[str, ...]:
+    """The user's command after ``--``."""
+    if "--" not in argv:
+        raise LauncherError("usage: python -m cairn.trainer.raynode -- <command> [args...]")
+    command = tuple(argv[list(argv).index("--") + 1 :])
+    if not command:
+        raise LauncherError("no driver command after --")
+    return command
+
+
+def config(env: typing.Mapping[str, str], argv: typing.Sequence[str]) -> NodeConfig:
+    """The node's settings from the pod's env and argv; LauncherError if malformed."""
+    rank = _required_int(env, podenv.NODE_RANK)
+    nodes = _required_int(env, podenv.NNODES)
+    if not 0 <= rank < nodes:
+        raise LauncherError(f"{podenv.NODE_RANK}={rank} outside 0..{nodes - 1}")
+    head_host = env.get(podenv.MASTER_ADDR_CAIRN, "")
+    if not head_host:
+        raise LauncherError(f"{podenv.MASTER_ADDR_CAIRN} is not set")
+    timeout = env.get(JOIN_TIMEOUT_ENV)
+    try:
+        join_timeout = float(timeout) if timeout else JOIN_TIMEOUT_DEFAULT
+    except ValueError:
+        raise LauncherError(f"{JOIN_TIMEOUT_ENV}={timeout!r} is not a number") from None
+    return NodeConfig(
+        head=rank == 0,
+        rank=rank,
+        nodes=nodes,
+        head_host=head_host,
+        port=_int(env, podenv.RAY_PORT, podenv.RAY_PORT_DEFAULT) or podenv.RAY_PORT_DEFAULT,
+        node_ip=env.get(podenv.POD_IP) or None,
+        temp_dir=env.get(TEMP_DIR_ENV) or podenv.RAY_TEMP_DIR,
+        num_cpus=_int(env, podenv.RAY_NUM_CPUS),
+        num_gpus=_int(env, podenv.RAY_NUM_GPUS),
+        object_store_bytes=_int(env, podenv.RAY_OBJECT_STORE_BYTES),
+        version=env.get(podenv.RAY_VERSION) or None,
+        join_timeout_seconds=join_timeout,
+        driver=driver_argv(argv),
+    )
+
+
+def version_error(*, wanted: str | None, installed: str | None) -> str | None:
+    """The configuration error when the image's Ray is not the one the job asks for."""
+    if installed is None:
+        return "ray is not installed in the trainer image (runtime: ray needs cairn[ray])"
+    if wanted is not None and wanted != installed:
+        return f"spec.ray.version is {wanted} but the image has ray {installed}"
+    return None
+
+
+def start_argv(cfg: NodeConfig, python: str) -> list[str]:
+    """``ray start … --block`` for this node (the launcher's child, stopped by PID)."""
+    argv = [python, "-m", "ray.scripts.scripts", "start", "--block"]
+    if cfg.head:
+        # ray start refuses --include-dashboard on a worker.
+        argv += ["--head", f"--port={cfg.port}", "--include-dashboard=false"]
+    else:
+        argv += [f"--address={cfg.address}"]
+    argv += [f"--temp-dir={cfg.temp_dir}", "--disable-usage-stats"]
+    if cfg.node_ip is not None:
+        argv.append(f"--node-ip-address={cfg.node_ip}")
+    if cfg.num_cpus is not None:
+        argv.append(f"--num-cpus={cfg.num_cpus}")
+    if cfg.num_gpus is not None:
+        argv.append(f"--num-gpus={cfg.num_gpus}")
+    if cfg.object_store_bytes is not None:
+        argv.append(f"--object-store-memory={cfg.object_store_bytes}")
+    return argv
+
+
+def child_env(cfg: NodeConfig, base: typing.Mapping[str, str]) -> dict[str, str]:
+    """Env of ``ray start`` and the driver: the pod's, plus what Ray needs here.
+
+    ``RAY_ADDRESS`` makes the driver's ``ray.init()`` join this cluster;
+    token auth is off unless the user chose (with ``RAY_AUTH_MODE`` unset, a
+    ``~/.ray/auth_token`` left by any other Ray on a shared home would turn it
+    on for some processes only); no usage stats (no egress). Never set
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: ``ray start --address`` then
+    refuses to join ("Multi-node Ray clusters are not supported").
+    """
+    env = dict(base)
+    env["RAY_ADDRESS"] = cfg.address
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
+
+def worker_exit(
+    announced: int | None, *, terminated: bool, ray_exit: int | None = None
+) -> tuple[int, str]:
+    """A worker's exit code and reason once its Ray node is done.
+
+    ``announced``: the driver's exit code the head published (None: none seen).
+    ``terminated``: the pod was asked to stop (SIGTERM).
+    ``ray_exit``: the code of ``ray start`` when it ended on its own (None: it
+    was still running when the launcher stopped it).
+    """
+    if announced == exitcodes.SUCCESS:
+        return exitcodes.SUCCESS, "the driver on the head succeeded"
+    if announced is not None:
+        return DRIVER_FAILED_EXIT, (
+            f"{exitcodes.FOLLOWS_HEAD_REASON}: the driver on the head exited with code {announced}"
+        )
+    if terminated:
+        return exitcodes.PREEMPTED, "stopped (SIGTERM) before the head announced an outcome"
+    if ray_exit is not None:
+        return HEAD_LOST_EXIT, (
+            f"ray start exited with code {ray_exit} before the head announced an outcome "
+            "(its output is in this pod's log)"
+        )
+    return HEAD_LOST_EXIT, "the Ray head vanished without announcing the driver's outcome"
+
+
+def parse_outcome(raw: bytes | None) -> int | None:
+    """The announced exit code from the KV value (None: absent or unreadable)."""
+    if raw is None:
+        return None
+    try:
+        return int(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def joined_message(alive: int, nodes: int, waited: float) -> str:
+    return f"raynode: {alive}/{nodes} Ray nodes joined after {waited:.0f}s"
