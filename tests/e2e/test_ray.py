@@ -229,6 +229,7 @@ def test_suspend_final_checkpoint_resume(devcluster: Any, operator: Any, baselin
                 )
         elif "resumed" not in seen and status.get("phase") == "Suspended":
             seen["resumed"] = True
+            seen["committed_at_suspended"] = committed.get("step")
             run.custom.patch_namespaced_custom_object(
                 demo.GROUP,
                 demo.VERSION,
@@ -245,11 +246,12 @@ def test_suspend_final_checkpoint_resume(devcluster: Any, operator: Any, baselin
     assert any(r.phase == "Suspended" for r in run.rows)
     # Attempt 2 resumed from the final checkpoint taken at SIGTERM: at or after
     # the commit seen when suspend was asked for (observed: the step the
-    # SIGTERM interrupted, between two interval steps). The writer's status
-    # report of that last commit may not land before the pods are gone, so
-    # status.lastCommitted at Suspended is not compared.
+    # SIGTERM interrupted, between two interval steps), and exactly the step
+    # status showed committed once the job was Suspended (the driver waits for
+    # rank 0's final report before it stops the actors).
     resumed = status["checkpoints"]["resumedFrom"]
     assert resumed["step"] >= seen["suspended"], (resumed, seen)
+    assert resumed["step"] == seen["committed_at_suspended"], (resumed, seen)
     assert resumed["attempt"] == 2
     assert status["attempt"] == 2
     _uploads_verify(run, job)

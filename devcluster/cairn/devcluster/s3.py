@@ -108,6 +108,12 @@ def identities_config(creds: S3Credentials) -> dict[str, object]:
     }
 
 
+MAX_VOLUMES = 2000
+"""Volumes the S3 server may create (one or more per bucket); see `command`."""
+VOLUME_SIZE_LIMIT_MB = 128
+"""SeaweedFS mini's own default, stated so the cap above is read against it."""
+
+
 def command(
     *, data_dir: pathlib.Path, log_dir: pathlib.Path, ports: S3Ports, bind: str
 ) -> list[str]:
@@ -130,6 +136,14 @@ def command(
         f"-s3.config={config}",
         f"-master.port={ports.master}",
         f"-volume.port={ports.volume}",
+        # Every bucket is a SeaweedFS collection that takes at least one volume,
+        # even when nearly empty, and volumes outlive `devcluster down` in the
+        # data dir. The default cap is free disk / 1 GiB (55 on a 55 GiB-free
+        # disk): a test run's buckets exhausted it and every new bucket's PUT
+        # failed with "No writable volumes". Empty volumes are small files
+        # (no preallocation), so the cap is a count, not disk.
+        f"-volume.max={MAX_VOLUMES}",
+        f"-master.volumeSizeLimitMB={VOLUME_SIZE_LIMIT_MB}",
         f"-filer.port={ports.filer}",
         f"-filer.localSocket={data_dir / 'filer.sock'}",
         f"-s3.localSocket={data_dir / 's3.sock'}",

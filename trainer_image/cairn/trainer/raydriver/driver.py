@@ -27,6 +27,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from cairn.api import exitcodes
 from cairn.checkpoint import monitor as monitor_mod
 from cairn.trainer.raydriver import placement, rank, recovery
 from cairn.trainer.raydriver import status as status_mod
@@ -283,11 +284,15 @@ class Driver:
                     return recovery.GroupEnd(
                         kind="failed", rank=r, reason=f"rank {r} raised {type(exc).__name__}"
                     )
-                if codes[r] not in (0, None) and len(pending) > 0:
+                final_saved = codes[r] == exitcodes.PREEMPTED and self._preempt.is_set()
+                if codes[r] not in (0, None) and not final_saved and len(pending) > 0:
                     dead = self._dead_peer(pending)
                     if dead is not None:
                         return self._actor_died(group, *dead)
-                    # The others wait in collectives for this rank forever.
+                    # The others wait in collectives for this rank forever. A rank
+                    # that committed the final checkpoint (preempted) is not such a
+                    # failure: rank 0 may still be uploading and reporting it, so
+                    # the others are awaited, bounded by the grace (_preemption_tick).
                     return recovery.GroupEnd(kind="finished", codes=tuple(codes), rank=r)
             if self._preempt.is_set():
                 timed_out = self._preemption_tick()
