@@ -317,45 +317,30 @@ def _deadline_in(
     return max((start - now).total_seconds() + seconds, 0.0)
 
 
-def _suspend(job: trainingjob.TrainingJob, observed: observe.Observed, base: _Base) -> Decision:
+def _suspend(
+    job: trainingjob.TrainingJob,
+    observed: observe.Observed,
+    base: _Base,
+    held: kueue.Hold | None = None,
+) -> Decision:
+    """`spec.suspend`, or Kueue holding the job (not admitted, or evicted: `held`
+    gives the reason and message): the Cairn suspend (final checkpoint, then no
+    pods), not counted against any restart budget. A job never started stays
+    Suspended with no pod ever created."""
     live = _live(observed.pods)
     if live:
         return base.decision(
             phase="Suspending",
-            reason=cond.REASON_SUSPENDING,
-            message=cond.MSG_SUSPENDING.format(count=len(live)),
+            reason=held.reason if held else cond.REASON_SUSPENDING,
+            message=held.message if held else cond.MSG_SUSPENDING.format(count=len(live)),
             delete=_deletable(live),
             requeue_after=SUSPEND_REQUEUE_SECONDS,
         )
     # Like batch/v1 Job: the activeDeadlineSeconds clock restarts on resume.
     return base.decision(
         phase="Suspended",
-        reason=cond.REASON_SUSPENDED,
-        message=cond.MSG_SUSPENDED,
-        start_time=None,
-        delete=_cleanup(job, observed.pods, keep_attempt=base.attempt),
-    )
-
-
-def _held(
-    job: trainingjob.TrainingJob, observed: observe.Observed, base: _Base, held: kueue.Hold
-) -> Decision:
-    """Kueue has not admitted the job, or evicted it: the Cairn suspend (final
-    checkpoint, then no pods), not counted against any restart budget. A job
-    never started stays Suspended with no pod ever created."""
-    live = _live(observed.pods)
-    if live:
-        return base.decision(
-            phase="Suspending",
-            reason=held.reason,
-            message=held.message,
-            delete=_deletable(live),
-            requeue_after=SUSPEND_REQUEUE_SECONDS,
-        )
-    return base.decision(
-        phase="Suspended",
-        reason=held.reason,
-        message=held.message,
+        reason=held.reason if held else cond.REASON_SUSPENDED,
+        message=held.message if held else cond.MSG_SUSPENDED,
         start_time=None,
         delete=_cleanup(job, observed.pods, keep_attempt=base.attempt),
     )
@@ -796,7 +781,7 @@ def decide(
         return _suspend(job, observed, base)
     held = kueue.hold(job=job, queue=observed.queue, live_pods=len(_live(observed.pods)))
     if held is not None:
-        return _held(job, observed, base, held)
+        return _suspend(job, observed, base, held)
     deadline = _deadline_in(job, start=base.start_time, now=now)
     if deadline is not None and deadline <= 0:
         return _fail(
