@@ -148,15 +148,25 @@ def _same_as_baseline(
     assert {step: straight[step] for step in losses} == losses
 
 
+def _committed(job: dict[str, Any]) -> int | None:
+    """status.checkpoints.lastCommitted.step (None before the first commit)."""
+    status = job.get("status") or {}
+    step = ((status.get("checkpoints") or {}).get("lastCommitted") or {}).get("step")
+    return None if step is None else int(step)
+
+
+def _running_past(job: dict[str, Any], step: int) -> bool:
+    """Running with a commit at or after `step`: a disturbance now has work to lose."""
+    return (job.get("status") or {}).get("phase") == "Running" and (_committed(job) or 0) >= step
+
+
 @pytest.mark.timeout(1500)
 def test_rank_actor_killed_recovers_in_place(devcluster: Any, operator: Any, baseline: Any) -> None:
     run = Run(devcluster, runtime="ray", name="inplace")
     seen: dict[str, Any] = {}
 
     def kill_an_actor(job: dict[str, Any]) -> None:
-        status = job.get("status") or {}
-        committed = (status.get("checkpoints") or {}).get("lastCommitted") or {}
-        if "killed" in seen or status.get("phase") != "Running" or committed.get("step", 0) < 10:
+        if "killed" in seen or not _running_past(job, 10):
             return
         groups = rayjobs.group_pids(run.core, run.namespace, run.head(job))
         if 0 not in groups:
@@ -188,9 +198,7 @@ def test_worker_pod_killed_restarts_the_gang(devcluster: Any, operator: Any, bas
     seen: dict[str, Any] = {}
 
     def kill_the_worker_pod(job: dict[str, Any]) -> None:
-        status = job.get("status") or {}
-        committed = (status.get("checkpoints") or {}).get("lastCommitted") or {}
-        if "killed" in seen or status.get("phase") != "Running" or committed.get("step", 0) < 10:
+        if "killed" in seen or not _running_past(job, 10):
             return
         pid = demo.kill_rank(run.core, namespace=run.namespace, job=run.name, rank=1)
         if pid is not None:
@@ -214,22 +222,19 @@ def test_suspend_final_checkpoint_resume(devcluster: Any, operator: Any, baselin
     seen: dict[str, Any] = {}
 
     def suspend_then_resume(job: dict[str, Any]) -> None:
-        status = job.get("status") or {}
-        committed = (status.get("checkpoints") or {}).get("lastCommitted") or {}
-        if "suspended" not in seen and status.get("phase") == "Running":
-            if committed.get("step", 0) >= 10:
-                seen["suspended"] = committed["step"]
-                run.custom.patch_namespaced_custom_object(
-                    demo.GROUP,
-                    demo.VERSION,
-                    run.namespace,
-                    demo.PLURAL,
-                    run.name,
-                    {"spec": {"suspend": True}},
-                )
-        elif "resumed" not in seen and status.get("phase") == "Suspended":
+        if "suspended" not in seen and _running_past(job, 10):
+            seen["suspended"] = _committed(job)
+            run.custom.patch_namespaced_custom_object(
+                demo.GROUP,
+                demo.VERSION,
+                run.namespace,
+                demo.PLURAL,
+                run.name,
+                {"spec": {"suspend": True}},
+            )
+        elif "resumed" not in seen and (job.get("status") or {}).get("phase") == "Suspended":
             seen["resumed"] = True
-            seen["committed_at_suspended"] = committed.get("step")
+            seen["committed_at_suspended"] = _committed(job)
             run.custom.patch_namespaced_custom_object(
                 demo.GROUP,
                 demo.VERSION,
