@@ -855,8 +855,15 @@ def teardown(api: client.ApiClient, namespace: str, *, timeout: float) -> None:
     restart every job it sees lose its pods."""
     started = time.monotonic()
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+    asked = -float("inf")
     while time.monotonic() - started < timeout:
+        if time.monotonic() - asked > 60.0:
+            asked = time.monotonic()
+            try:
+                custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+            except client.ApiException as error:
+                # 504 with thousands of jobs: the server goes on deleting; ask again later.
+                print(f"  deleting the TrainingJobs: {error.status} {error.reason}; waiting")
         left = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, limit=1)
         if not left["items"]:
             break

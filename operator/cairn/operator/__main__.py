@@ -17,6 +17,7 @@ import contextlib
 import http.server
 import logging
 import os
+import re
 import sys
 import threading
 import urllib.parse
@@ -27,10 +28,13 @@ from kubernetes import client, config
 from kubernetes.config import config_exception
 
 from cairn.operator import (
-    handlers,  # noqa: F401  (importing registers the handlers)
+    handlers,  # importing registers the handlers
     leader,
     metrics,
 )
+
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+"""An RFC 1123 label: what a namespace name is."""
 
 
 def _default_metrics_port() -> int:
@@ -139,12 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true")
     _add_election_args(parser)
     args = parser.parse_args(argv)
+    patterns = [name for name in args.namespace or () if not _NAMESPACE.fullmatch(name)]
+    if patterns:
+        # kopf would take globs, but the operator's own pod watch (and the
+        # chart's per-namespace Roles) need the names themselves.
+        parser.error(f"--namespace takes namespace names, not patterns: {', '.join(patterns)}")
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON)
     # Never at debug level, even with --verbose: botocore's debug lines carry
     # request headers (the access key id in Authorization) and bodies.
     for quiet in ("botocore", "boto3", "s3transfer", "urllib3"):
         logging.getLogger(quiet).setLevel(logging.WARNING)
     metrics.serve(args.metrics_port)  # a standby serves it too (no job series): no scrape errors
+    handlers.WATCH_NAMESPACES = args.namespace
     elector = _elect(args) if args.leader_elect else None
     kopf.run(
         standalone=True,

@@ -9,14 +9,14 @@ per job means reconciles of a job never overlap. A job that finished loses
 its daemon (kopf stops it when the filter turns false); what is left to do
 for it (stopping its pods, ``cleanup.finishedPods``, its Kueue Workload) is
 one reconcile from one shared task (``_Finished``) whenever the job or one
-of its pods changes. Pods are watched once, for every job, through the
-``cairn.dev/job-name`` label and kept in a kopf index already reduced to
-``observe.ObservedPod``. The index is only a cache: kopf drops a pod on a
-DELETED event, and a watch that broke and re-listed never sends one for a
-pod deleted in the gap. So on every timed wake-up (resync, requeue) and after
-a delete found a pod already gone (404), the loop lists the job's pods from
-the API by label selector and plans from that list; pods the list showed
-gone are hidden from later index reads (``_PodTruth``).
+of its pods changes. Pods are not watched by kopf: one reflector of the
+operator's own (``podcache``: list, watch, re-list after 410 Gone) keeps
+every job's pods reduced to ``observe.ObservedPod`` and kicks a job when
+what its plan sees of them changed. No reconcile runs before that first
+list is in. After a delete found a pod already gone (404) the next plan
+lists the job's pods from the API by label selector; pods that list showed
+gone are hidden from later cache reads until the cache drops them too
+(``_PodTruth``).
 
 The S3 pass (``s3pass.storage_pass``: verification, remote retention,
 ``status.storage``) of every job runs from one scheduler task
@@ -57,6 +57,7 @@ from cairn.operator import (
     names,
     observe,
     plan,
+    podcache,
     prefixowner,
     s3loop,
     s3observe,
@@ -104,6 +105,26 @@ def clock() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+PODS = podcache.PodCache()
+"""Every job's pods; ``configure`` starts the reflector that fills it."""
+WATCH_NAMESPACES: list[str] | None = None
+"""The namespaces kopf watches (``__main__``); None: every namespace."""
+_pods_listed: list[asyncio.Event] = []
+"""Set once the reflector's first list is in (made by ``configure``, on the loop)."""
+
+
+async def _pods_ready(stopped: kopf.DaemonStopped | None = None) -> None:
+    """Until the pod cache holds the first full list (or the daemon is stopped)."""
+    while not _pods_listed:  # kopf runs ``configure`` (which makes it) before any handler
+        await asyncio.sleep(0.1)
+    listed = _pods_listed[0]
+    if stopped is None:
+        await listed.wait()
+        return
+    while not listed.is_set() and not stopped:
+        await _sleep(listed, stopped, RECONCILE.resync_seconds)
+
+
 def _kick(namespace: str | None, name: str | None) -> None:
     key = (namespace or "", name or "")
     event = _kicks.get(key)
@@ -121,10 +142,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         prefix="cairn.dev", key="last-handled-configuration"
     )
     settings.posting.enabled = False  # plan() emits the events that matter
-    # Server-side filter: the API server sends only pods carrying the job label,
-    # so other pods in the cluster are never decoded here (the handlers'
-    # `labels=` filters below run client-side, after decoding).
-    settings.watching.label_selectors["pods"] = names.LABEL_JOB
     try:
         config.load_incluster_config()
     except config_exception.ConfigException:
@@ -145,27 +162,32 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         asyncio.create_task(FINISHED.run(), name="cairn finished jobs"),
     ]
     S3_API.append(memo["api"])
+    loop = asyncio.get_running_loop()
+    listed = asyncio.Event()
+    _pods_listed.append(listed)
+
+    def changed(key: Key) -> None:  # from the reflector's thread
+        loop.call_soon_threadsafe(_kick, *key)
+
+    def ready() -> None:
+        loop.call_soon_threadsafe(listed.set)
+
+    PODS.on_change = changed
+    # Its own client: the watch holds a connection for minutes at a time.
+    memo["pods_stop"] = podcache.start(
+        api=client.ApiClient(configuration),
+        cache=PODS,
+        namespaces=WATCH_NAMESPACES,
+        on_ready=ready,
+    )
 
 
 @kopf.on.cleanup()
 async def stop_shared_tasks(memo: kopf.Memo, **_: Any) -> None:
     for task in memo.get("tasks", ()):
         task.cancel()
-
-
-@kopf.index("pods", labels={names.LABEL_JOB: kopf.PRESENT})
-async def pods_by_job(
-    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-) -> dict[tuple[str, str], observe.ObservedPod] | None:
-    pod = observe.parse_pod(copy.deepcopy(dict(body)))
-    if pod is None:
-        return None
-    return {(namespace or "", labels[names.LABEL_JOB]): pod}
-
-
-@kopf.on.event("pods", labels={names.LABEL_JOB: kopf.PRESENT})
-async def pod_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-    _kick(namespace, labels.get(names.LABEL_JOB))
+    if "pods_stop" in memo:
+        memo["pods_stop"].set()
 
 
 @kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.PLURAL, labels={names.LABEL_JOB: kopf.PRESENT})
@@ -196,7 +218,7 @@ async def job_changed(
     raw = copy.deepcopy(dict(body))
     S3_LOOP.update(key, raw)
     if finished(raw):
-        FINISHED.note(key, raw, pods=kwargs["pods_by_job"], api=memo["api"])
+        FINISHED.note(key, raw, api=memo["api"])
     else:
         FINISHED.forget(key)
         _kick(namespace, name)
@@ -241,10 +263,10 @@ def _older(version: object, *, than: object) -> bool:
 
 class _PodTruth:
     """One job's pods as the plan should see them, and what the last apply
-    could not create. kopf's index, minus the pods a fresh API list showed gone.
+    could not create. The pod cache, minus the pods a fresh API list showed gone.
 
     Expectations (as the Job controller keeps them): the pods the last apply
-    created are awaited in the index before the next plan, for at most
+    created are awaited in the cache before the next plan, for at most
     ``tunables.Reconcile.expectation_seconds``; a reconcile woken by the
     first of them would otherwise re-create the others (409s, one POST each).
     """
@@ -299,21 +321,19 @@ def _list_pods(api: Any, namespace: str, name: str) -> tuple[observe.ObservedPod
 async def reconcile_once(
     *,
     body: Mapping[str, Any],
-    pods: kopf.Index[tuple[str, str], observe.ObservedPod],
+    pods: podcache.PodCache,
     api: Any,
     written: _Written,
     truth: _PodTruth | None = None,
-    fresh: bool = False,
 ) -> float:
-    """One observe -> plan -> apply cycle; returns how long to sleep. ``fresh``:
-    plan from a pod list read from the API instead of the index."""
+    """One observe -> plan -> apply cycle; returns how long to sleep."""
     truth = truth or _PodTruth()
     raw = written.freshest(copy.deepcopy(dict(body)))
     meta = raw.get("metadata", {})
     namespace, name = meta.get("namespace", ""), meta.get("name", "")
     job = observe.parse_job(raw)
     cached = tuple(pods.get((namespace, name), ()))
-    if fresh or truth.list_next:
+    if truth.list_next:
         listed = await asyncio.to_thread(_list_pods, api, namespace, name)
         known = set(truth.ghosts)
         current = truth.from_list(cached=cached, listed=listed)
@@ -370,7 +390,7 @@ def resync_wait(
 ) -> float:
     """The sleep before a resync: ``resync_seconds`` shortened by up to
     ``resync_jitter`` at random, so that jobs seen at the same moment (an
-    operator start) spread their pod lists over the interval."""
+    operator start) spread their reconciles over the interval."""
     return settings.resync_seconds * (1.0 - settings.resync_jitter * draw())
 
 
@@ -379,16 +399,14 @@ def _live(body: kopf.Body, **_: Any) -> bool:
     return not finished(body)
 
 
-async def _sleep(kick: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> bool:
-    """Until kicked, stopped (the job finished or is being deleted) or ``timeout``;
-    True when the time ran out."""
+async def _sleep(kick: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
+    """Until kicked, stopped (the job finished or is being deleted) or ``timeout``."""
     waits = [asyncio.ensure_future(kick.wait()), asyncio.ensure_future(stopped.wait())]
     try:
-        done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for waiting in waits:
             waiting.cancel()
-    return not done
 
 
 async def _reconcile_guarded(key: Key, **call: Any) -> float | None:
@@ -421,29 +439,21 @@ async def reconcile_loop(
     **kwargs: Any,
 ) -> None:
     """The reconcile loop of a job that did not finish (kopf stops it when it does)."""
-    # kopf injects every index by its handler's name.
-    pods: kopf.Index[tuple[str, str], observe.ObservedPod] = kwargs["pods_by_job"]
+    del kwargs
     key = (namespace or "", name)
     kick = _kicks.setdefault(key, asyncio.Event())
     written = _Written()
-    # kopf fills its pod index before it runs any handler: the first reconcile
-    # (on an operator start, for every job at once) plans from it, not from a list.
+    # The first reconcile (on an operator start, for every job at once) plans
+    # from the pod cache's first full list, never from a half-filled cache.
+    await _pods_ready(stopped)
     truth = _PodTruth(list_first=False)
-    timed_out = False
     try:
         while not stopped:
             kick.clear()
             wait = await _reconcile_guarded(
-                key,
-                body=body,
-                pods=pods,
-                api=memo["api"],
-                written=written,
-                truth=truth,
-                fresh=timed_out,
+                key, body=body, pods=PODS, api=memo["api"], written=written, truth=truth
             )
-            # A resync or requeue that ran out plans from a fresh list.
-            timed_out = await _sleep(kick, stopped, wait or RECONCILE.error_retry_seconds)
+            await _sleep(kick, stopped, wait or RECONCILE.error_retry_seconds)
     finally:
         if _kicks.get(key) is kick:
             _kicks.pop(key, None)
@@ -453,7 +463,7 @@ class _Finished:
     """Succeeded and Failed jobs: no daemon, one shared task.
 
     What is left to do for a finished job (stop its pods, ``cleanup.finishedPods``,
-    its Kueue Workload) is one reconcile, planned from kopf's pod index, each
+    its Kueue Workload) is one reconcile, planned from the pod cache, each
     time the job or one of its pods changes, one job at a time; a job with
     ``ttlSecondsAfterFinished`` gets a timer (an asyncio ``TimerHandle``, not a
     task) that deletes it when due. Only the last body of each finished job is
@@ -466,13 +476,12 @@ class _Finished:
         self._expired: dict[Key, None] = {}
         self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._wake = asyncio.Event()
-        self._pods: Any = None
         self._api: Any = None
         self.reconciles = 0
 
-    def note(self, key: Key, raw: dict[str, Any], *, pods: Any, api: Any) -> None:
+    def note(self, key: Key, raw: dict[str, Any], *, api: Any) -> None:
         self.bodies[key] = raw
-        self._pods, self._api = pods, api
+        self._api = api
         self._set_timer(key, ttl.seconds_left(raw, now=clock()))
         self.enqueue(key)
 
@@ -502,6 +511,7 @@ class _Finished:
         self._wake.set()
 
     async def run(self) -> None:
+        await _pods_ready()
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -522,7 +532,7 @@ class _Finished:
         truth = _PodTruth(list_first=False)
         self.reconciles += 1
         wait = await _reconcile_guarded(
-            key, body=raw, pods=self._pods, api=self._api, written=_Written(), truth=truth
+            key, body=raw, pods=PODS, api=self._api, written=_Written(), truth=truth
         )
         if wait is None:  # an API error: try this job again later
             asyncio.get_running_loop().call_later(RECONCILE.error_retry_seconds, self.enqueue, key)

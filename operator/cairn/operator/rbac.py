@@ -52,7 +52,7 @@ NAMESPACED_RULES: Final[tuple[PolicyRule, ...]] = (
     # effects: children carry blockOwnerDeletion; where OwnerReferencesPermissionEnforcement
     # is on (OpenShift, the devcluster) that needs update on the owner's finalizers.
     _rule(trainingjob.GROUP, [f"{trainingjob.PLURAL}/finalizers"], ["update"]),
-    # handlers: the pod index and pod events; effects: create ranks, delete them.
+    # podcache: the pod list and watch; effects: create ranks, delete them.
     _rule("", ["pods"], ["get", "list", "watch", "create", "delete"]),
     # effects: the per-job headless Service and ServiceAccount.
     _rule("", ["services", "serviceaccounts"], ["get", "create", "delete"]),

@@ -88,14 +88,14 @@ class Reconcile:
     """The reconcile loop of a live job (``handlers``)."""
 
     resync_seconds: float = 60.0
-    """Longest sleep between two reconciles of a live job (then from a fresh pod list)."""
+    """Longest sleep between two reconciles of a live job (planned from the pod cache)."""
     resync_jitter: float = 0.1
     """Each resync is shortened by up to this fraction, at random, so jobs seen at
-    the same moment (an operator start) do not all list their pods at once."""
+    the same moment (an operator start) do not all reconcile at once."""
     min_requeue_seconds: float = 0.5
     expectation_seconds: float = 5.0
     """Longest wait for the pods a reconcile created to show in the watch before
-    the next plan (then it plans from a fresh list)."""
+    the next plan (then it plans from the pod cache as it is)."""
     error_retry_seconds: float = 5.0
     """After a reconcile that failed with an API error."""
     stop_timeout_seconds: float = 10.0

@@ -4,8 +4,8 @@ Covers: the daemon filter (``_live``) holds for every phase but Succeeded and
 Failed (and for a job without status); ``finished`` reads only the status
 phase; a resync sleep is ``resync_seconds`` shortened by at most
 ``resync_jitter``; ``_PodTruth`` awaits the pods the last apply created until
-the index shows all of them or the expectation runs out, and a job's first
-daemon reconcile plans from the index (no list).
+the cache shows all of them or the expectation runs out, and a job's first
+daemon reconcile plans from the pod cache (no list).
 """
 
 from typing import Any
@@ -51,9 +51,9 @@ def test_resync_is_spread_within_the_jitter() -> None:
     assert handlers.resync_wait(tunables.Reconcile(resync_jitter=0.0), draw=lambda: 0.5) == 60.0
 
 
-def test_created_pods_are_awaited_until_the_index_shows_them() -> None:
+def test_created_pods_are_awaited_until_the_cache_shows_them() -> None:
     truth = handlers._PodTruth(list_first=False)
-    assert not truth.list_next, "a daemon's first reconcile plans from kopf's index"
+    assert not truth.list_next, "a daemon's first reconcile plans from the pod cache"
     n0, n1 = jobs.pod(1, 0), jobs.pod(1, 1)
     truth.expect([n0.name, n1.name], until=10.0)
     assert truth.awaited((n0,), now=1.0) == {n1.name}

@@ -1,9 +1,9 @@
-"""handlers._PodTruth: kopf's pod index corrected by a fresh list from the API.
+"""handlers._PodTruth: the pod cache corrected by a fresh list from the API.
 
-Covers: a pod in the index but not in a fresh list is a ghost and is hidden
-from later index reads; pods the list has that the index lacks are planned
-from; a ghost is forgotten once kopf drops it; the first reconcile and one
-after a 404 delete ask for a list.
+Covers: a pod in the cache but not in a fresh list (after a delete found it
+gone) is a ghost and is hidden from later cache reads; pods the list has
+that the cache lacks are planned from; a ghost is forgotten once the cache
+drops it; a fresh ``_PodTruth`` and one after a 404 delete ask for a list.
 """
 
 from cairn.operator import handlers
@@ -11,7 +11,7 @@ from cairn.operator import handlers
 from . import jobs
 
 
-def test_ghosts_are_hidden_until_kopf_drops_them() -> None:
+def test_ghosts_are_hidden_until_the_cache_drops_them() -> None:
     truth = handlers._PodTruth()
     assert truth.list_next, "the first reconcile lists from the API"
     ghost, live, fresh = jobs.pod(1, 0), jobs.pod(1, 1), jobs.pod(2, 0)
