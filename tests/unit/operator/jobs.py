@@ -4,7 +4,7 @@ import datetime
 from typing import Any
 
 from cairn.api import trainingjob
-from cairn.operator import observe
+from cairn.operator import observe, plan
 
 T0 = datetime.datetime(2026, 11, 22, 12, 0, 0, tzinfo=datetime.UTC)
 
@@ -20,6 +20,18 @@ def body(**spec: Any) -> dict[str, Any]:
         "metadata": {"name": "demo", "namespace": "ml", "uid": "uid-1", "generation": 1},
         "spec": {"image": "cairn-trainer:dev", "nodes": 2, **spec},
     }
+
+
+def patched(job: trainingjob.TrainingJob, result: plan.Plan) -> trainingjob.TrainingJob:
+    """What the API server holds after effects applied the plan's status merge patch."""
+    raw: dict[str, Any] = job.model_dump(mode="json", by_alias=True, exclude_none=True)
+    status = raw.setdefault("status", {})
+    for key, value in (result.status or {}).items():
+        if value is None:
+            status.pop(key, None)
+        else:
+            status[key] = value
+    return trainingjob.TrainingJob.model_validate(raw)
 
 
 def job(status: dict[str, Any] | None = None, **spec: Any) -> trainingjob.TrainingJob:

@@ -99,17 +99,6 @@ def _queue(raw: dict[str, Any] | None) -> kueue.Queue:
     return kueue.Queue(name=QUEUE, workload=workload, placement=where)
 
 
-def _apply(job: trainingjob.TrainingJob, result: plan.Plan) -> trainingjob.TrainingJob:
-    raw: dict[str, Any] = job.model_dump(mode="json", by_alias=True, exclude_none=True)
-    status = raw.setdefault("status", {})
-    for key, value in (result.status or {}).items():
-        if value is None:
-            status.pop(key, None)
-        else:
-            status[key] = value
-    return trainingjob.TrainingJob.model_validate(raw)
-
-
 def _run(
     job: trainingjob.TrainingJob,
     workload: dict[str, Any] | None,
@@ -118,7 +107,7 @@ def _run(
 ) -> tuple[plan.Plan, trainingjob.TrainingJob]:
     queue = _queue(workload) if kueue.queue_name(job) else None
     result = plan.plan(job=job, observed=observe.Observed(pods=pods, queue=queue), now=jobs.at(t))
-    return result, _apply(job, result)
+    return result, jobs.patched(job, result)
 
 
 def _suspended(job: trainingjob.TrainingJob) -> trainingjob.Condition:

@@ -20,18 +20,6 @@ from cairn.operator import conditions, lifecycle, observe, plan
 from . import jobs
 
 
-def _apply(job: trainingjob.TrainingJob, result: plan.Plan) -> trainingjob.TrainingJob:
-    """What the API server holds after effects applied the status merge patch."""
-    raw: dict[str, Any] = job.model_dump(mode="json", by_alias=True, exclude_none=True)
-    status = raw.setdefault("status", {})
-    for key, value in (result.status or {}).items():
-        if value is None:
-            status.pop(key, None)
-        else:
-            status[key] = value
-    return trainingjob.TrainingJob.model_validate(raw)
-
-
 def _run(
     job: trainingjob.TrainingJob,
     *pods: observe.ObservedPod,
@@ -42,7 +30,7 @@ def _run(
         observed=observe.Observed(pods=pods),
         now=jobs.at(t),
     )
-    return result, _apply(job, result)
+    return result, jobs.patched(job, result)
 
 
 def _cond(job: trainingjob.TrainingJob, kind: str) -> trainingjob.Condition:

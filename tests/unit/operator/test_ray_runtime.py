@@ -18,7 +18,7 @@ from cairn.api import exitcodes, podenv
 from cairn.operator import builders, k8stypes, names, observe, plan, raystatus
 
 from . import jobs
-from .test_plan_lifecycle import _apply, _run
+from .test_plan_lifecycle import _run
 
 COMMAND = ["python", "-m", "cairn.trainer.raydriver", "cairn.trainer.reference:main", "--"]
 
@@ -178,7 +178,7 @@ def _with_ray_status(job: Any, ray: dict[str, Any]) -> Any:
 def _merge_ray(job: Any, result: plan.Plan) -> Any:
     """Like the API server: the operator's status.ray keys merged into the driver's."""
     before = job.model_dump(mode="json", by_alias=True, exclude_none=True)["status"].get("ray")
-    after = _apply(job, result)
+    after = jobs.patched(job, result)
     ray = (result.status or {}).get("ray")
     if ray is None or before is None:
         return after

@@ -6,8 +6,6 @@ stays stale (its message names the time of the last commit, not a live
 age); a new commit (the writer's fact) clears it with one write.
 """
 
-from typing import Any
-
 from cairn.api import trainingjob
 from cairn.operator import conditions, observe, plan
 
@@ -16,25 +14,13 @@ from . import jobs
 COMMITTED_AT = "2026-11-22T12:00:10Z"
 
 
-def _apply(job: trainingjob.TrainingJob, result: plan.Plan) -> trainingjob.TrainingJob:
-    """What the API server holds after effects applied the status merge patch."""
-    raw: dict[str, Any] = job.model_dump(mode="json", by_alias=True, exclude_none=True)
-    status = raw.setdefault("status", {})
-    for key, value in (result.status or {}).items():
-        if value is None:
-            status.pop(key, None)
-        else:
-            status[key] = value
-    return trainingjob.TrainingJob.model_validate(raw)
-
-
 def _run(
     job: trainingjob.TrainingJob, t: float, *, pods: bool = True
 ) -> tuple[plan.Plan, trainingjob.TrainingJob]:
     """One reconcile at `t` with attempt 1's two ranks running (or no pods yet)."""
     observed = (jobs.pod(1, 0), jobs.pod(1, 1)) if pods else ()
     result = plan.plan(job=job, observed=observe.Observed(pods=observed), now=jobs.at(t))
-    return result, _apply(job, result)
+    return result, jobs.patched(job, result)
 
 
 def _with_commit(job: trainingjob.TrainingJob, *, step: int, time: str) -> trainingjob.TrainingJob:
