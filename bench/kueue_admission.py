@@ -35,23 +35,8 @@ TIMEOUT_SECONDS = 60
 
 
 def _workload(name: str, *, cpu: str, priority: int) -> dict[str, Any]:
-    container = {"name": "c", "image": "none", "resources": {"requests": {"cpu": cpu}}}
-    return {
-        "apiVersion": kueue.API_VERSION,
-        "kind": "Workload",
-        "metadata": {"name": name},
-        "spec": {
-            "queueName": kueue.LOCAL_QUEUE,
-            "priority": priority,
-            "podSets": [
-                {
-                    "name": "main",
-                    "count": 1,
-                    "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
-                }
-            ],
-        },
-    }
+    requests = {"cpu": cpu}
+    return kueue.workload(name, queue=kueue.LOCAL_QUEUE, priority=priority, requests=requests)
 
 
 def _has(obj: dict[str, Any], kind: str) -> bool:

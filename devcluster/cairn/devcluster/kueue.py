@@ -383,27 +383,38 @@ def _healthy(ports: KueuePorts) -> bool:
         return False
 
 
+def workload(
+    name: str,
+    *,
+    namespace: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    requests: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Pure: a Workload of one pod that runs nothing (the webhook probe below; the
+    devcluster's Kueue tests and bench queue them by hand)."""
+    container: dict[str, Any] = {"name": "c", "image": "none"}
+    if requests:
+        container["resources"] = {"requests": dict(requests)}
+    metadata = {"name": name} | ({"namespace": namespace} if namespace else {})
+    spec: dict[str, Any] = {}
+    if queue is not None:
+        spec["queueName"] = queue
+    if priority is not None:
+        spec["priority"] = priority
+    spec["podSets"] = [
+        {
+            "name": "main",
+            "count": 1,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+        }
+    ]
+    return {"apiVersion": API_VERSION, "kind": "Workload", "metadata": metadata, "spec": spec}
+
+
 def probe_workload(namespace: str = "default") -> dict[str, Any]:
     """Pure: the smallest valid Workload, used in a dry-run create through the webhooks."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "Workload",
-        "metadata": {"name": "cairn-devcluster-probe", "namespace": namespace},
-        "spec": {
-            "podSets": [
-                {
-                    "name": "main",
-                    "count": 1,
-                    "template": {
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "containers": [{"name": "c", "image": "none"}],
-                        }
-                    },
-                }
-            ]
-        },
-    }
+    return workload("cairn-devcluster-probe", namespace=namespace)
 
 
 def _webhooks_answer(target: "Cluster") -> bool:

@@ -61,33 +61,8 @@ def queue(
 
 
 def _workload(name: str, *, cpu: str, priority: int = 0) -> dict[str, Any]:
-    return {
-        "apiVersion": kueue.API_VERSION,
-        "kind": "Workload",
-        "metadata": {"name": name},
-        "spec": {
-            "queueName": kueue.LOCAL_QUEUE,
-            "priority": priority,
-            "podSets": [
-                {
-                    "name": "main",
-                    "count": 1,
-                    "template": {
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "containers": [
-                                {
-                                    "name": "c",
-                                    "image": "none",
-                                    "resources": {"requests": {"cpu": cpu, "memory": "100Mi"}},
-                                }
-                            ],
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    requests = {"cpu": cpu, "memory": "100Mi"}
+    return kueue.workload(name, queue=kueue.LOCAL_QUEUE, priority=priority, requests=requests)
 
 
 class Workloads:
