@@ -109,20 +109,17 @@ PODS = podcache.PodCache()
 """Every job's pods; ``configure`` starts the reflector that fills it."""
 WATCH_NAMESPACES: list[str] | None = None
 """The namespaces kopf watches (``__main__``); None: every namespace."""
-_pods_listed: list[asyncio.Event] = []
-"""Set once the reflector's first list is in (made by ``configure``, on the loop)."""
+PODS_LISTED = asyncio.Event()
+"""Set (on the loop) once the reflector's first list is in."""
 
 
 async def _pods_ready(stopped: kopf.DaemonStopped | None = None) -> None:
     """Until the pod cache holds the first full list (or the daemon is stopped)."""
-    while not _pods_listed:  # kopf runs ``configure`` (which makes it) before any handler
-        await asyncio.sleep(0.1)
-    listed = _pods_listed[0]
     if stopped is None:
-        await listed.wait()
+        await PODS_LISTED.wait()
         return
-    while not listed.is_set() and not stopped:
-        await _sleep(listed, stopped, RECONCILE.resync_seconds)
+    while not PODS_LISTED.is_set() and not stopped:
+        await _sleep(PODS_LISTED, stopped, RECONCILE.resync_seconds)
 
 
 def _kick(namespace: str | None, name: str | None) -> None:
@@ -163,14 +160,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     ]
     S3_API.append(memo["api"])
     loop = asyncio.get_running_loop()
-    listed = asyncio.Event()
-    _pods_listed.append(listed)
 
     def changed(key: Key) -> None:  # from the reflector's thread
         loop.call_soon_threadsafe(_kick, *key)
 
     def ready() -> None:
-        loop.call_soon_threadsafe(listed.set)
+        loop.call_soon_threadsafe(PODS_LISTED.set)
 
     PODS.on_change = changed
     # Its own client: the watch holds a connection for minutes at a time.
