@@ -14,6 +14,7 @@ may mutate the weights again) and the mean training-step time while the
 write runs in the background, as a ratio to the mean of the steps just
 before that save (1.0 = free). Each kind saves three times; the first save of each kind
 is a warm-up (buffer allocation, daemon start) and is reported separately.
+The figures go to `bench/results/writer_kind-<size>-<UTC>.json` (`bench/record.py`).
 
 Usage: PYTHONPATH=api:operator:trainer_image:devcluster python bench/writer_kind.py
        [--layers 12] [--dim 2048] [--saves 3]
@@ -31,7 +32,8 @@ import tempfile
 import time
 import typing
 
-import ranks  # bench/ranks.py, next to this script
+import ranks  # bench/, next to this script
+import record
 import torch
 import torch.distributed as dist
 from torch.distributed import fsdp
@@ -171,12 +173,14 @@ def rank_main(cfg: dict[str, typing.Any]) -> None:
     dist.destroy_process_group()
 
 
-def report(results: list[dict[str, typing.Any]], kinds: list[str]) -> None:
+def report(results: list[dict[str, typing.Any]], kinds: list[str]) -> dict[str, typing.Any]:
+    """Print the table; returns its figures by writer kind."""
     print(f"model: {results[0]['params'] / 1e6:.0f}M params + AdamW, {RANKS} ranks (gloo, CPU)")
     print("busy/idle: mean step time while the save is written / mean of the steps just before")
     print()
     header = f"{'writer':<14}{'first block s':>14}{'block s':>10}{'busy/idle':>11}"
     print(f"{header}{'idle step s':>13}{'busy steps':>12}")
+    figures: dict[str, typing.Any] = {}
     for kind in kinds:
         per_save = list(zip(*(r[kind] for r in results), strict=True))
         blocks = [max(s["block_s"] for s in saves) for saves in per_save]
@@ -189,6 +193,14 @@ def report(results: list[dict[str, typing.Any]], kinds: list[str]) -> None:
             f"{kind:<14}{blocks[0]:>14.3f}{steady_block:>10.3f}{ratio:>11.2f}"
             f"{statistics.mean(idle):>13.3f}{len(busy):>12}"
         )
+        figures[kind] = {
+            "first_block_s": blocks[0],
+            "block_s": steady_block,
+            "busy_over_idle": ratio,
+            "idle_step_s": statistics.mean(idle),
+            "busy_steps": len(busy),
+        }
+    return figures
 
 
 def main() -> None:
@@ -207,6 +219,7 @@ def main() -> None:
         rank_main(json.loads(pathlib.Path(args.rank_config).read_text()))
         return
     kinds = args.kinds.split(",")
+    env = record.environment()
     work = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="cairn-bench-writer-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -220,7 +233,17 @@ def main() -> None:
             "max_steps": args.max_steps,
             "kinds": kinds,
         }
-        report(ranks.run_ranks(__file__, cfg, work=work, ranks=RANKS), kinds)
+        results = ranks.run_ranks(__file__, cfg, work=work, ranks=RANKS)
+        figures = report(results, kinds)
+        params = {k: v for k, v in cfg.items() if k != "workdir"}
+        path = record.write(
+            bench="writer_kind",
+            tag=f"{results[0]['params'] / 1e6:.0f}M",
+            env=env,
+            params={**params, "model_params": results[0]["params"], "seed": 0},
+            figures={"kinds": figures, "per_rank": results},
+        )
+        print(f"record: {path}")
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -6,10 +6,16 @@ the reference trainer and the real S3 server: a TrainingJob whose
 Cairn manifest, no DCP `.metadata`) ends Failed with reason
 ConfigurationError and the trainer's own reason in `status.lastFailure` and
 the Failed condition; no restart is spent on it and nothing is checkpointed.
+One whose `.metadata` is a pickle payload (it would create a marker file on
+this host, where the pods run) ends Failed the same way, the refused class
+named in the reason, and the payload never ran.
 Prints `E2E-NUMBERS` (create -> Failed seconds) for the closing report.
 """
 
 import json
+import os
+import pathlib
+import pickle
 import time
 import uuid
 from collections.abc import Iterator
@@ -78,3 +84,47 @@ def test_garbage_resume_uri_fails_the_job_at_once_with_the_reason_in_status(
     assert failed["reason"] == "ConfigurationError"
     assert "neither a Cairn manifest.json" in failed["message"]
     assert not (status.get("checkpoints") or {}).get("lastCommitted")
+
+
+class _Payload:
+    """Unpickling this creates `marker`: what a hostile import would run in rank 0."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_resume_uri_with_a_pickle_payload_fails_the_job_and_the_payload_never_runs(
+    devcluster: Any, space: tuple[str, str], tmp_path: pathlib.Path
+) -> None:
+    namespace, bucket = space
+    marker = tmp_path / "payload-ran"
+    s3 = devcluster.target.s3_client()
+    s3.put_object(Bucket=bucket, Key="hostile/.metadata", Body=pickle.dumps(_Payload(marker)))
+    s3.put_object(Bucket=bucket, Key="hostile/__0_0.distcp", Body=b"\0" * 64)
+    body = demo.quickstart_manifest(devcluster.target, name="hostile")
+    ckpt = body["spec"]["checkpoint"]
+    ckpt["upload"]["uri"] = f"s3://{bucket}/hostile-job"
+    ckpt["resume"] = {"uri": f"s3://{bucket}/hostile"}
+    body["spec"]["restartPolicy"] = {"maxRestarts": 3, "backoffSeconds": 1}
+    job = demo.run_job(
+        api_client=devcluster.api_client,
+        namespace=namespace,
+        body=body,
+        kill_rank_after_commit=None,
+        on_row=lambda row: None,
+        timeout=300,
+    )
+    status = job["status"]
+    assert status["phase"] == "Failed", status
+    failure = status["lastFailure"]
+    assert failure["reason"] == "ConfigurationError"
+    assert failure["exitCode"] == 78
+    assert "posix.system" in failure["message"], failure["message"]
+    assert status.get("restarts", 0) == 0
+    assert not marker.exists(), "the payload ran in a rank"
+    # The import source is read, never written or deleted.
+    keys = s3.list_objects_v2(Bucket=bucket, Prefix="hostile/")["Contents"]
+    assert sorted(obj["Key"] for obj in keys) == ["hostile/.metadata", "hostile/__0_0.distcp"]

@@ -211,6 +211,16 @@ class UploadSpec(schema.SpecModel):
             "stops with the error."
         ),
     )
+    stall_seconds: int = pydantic.Field(
+        default=30,
+        ge=5,
+        le=3600,
+        description=(
+            "A transfer (upload or restore download) that moves no bytes for this long is "
+            "cancelled and reported (UploadFailing: no progress for N s to the endpoint), "
+            "then retried with backoff; a hung store never stalls training."
+        ),
+    )
 
     @pydantic.field_validator("uri")
     @classmethod
@@ -228,10 +238,19 @@ class UploadSpec(schema.SpecModel):
 
 
 RESUME_EXACTLY_ONE = "set exactly one of latest, none, step or uri"
+RESUME_SHA256_TARGET = "sha256 pins an explicit target: set it with step or uri"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+RESUME_REQUEST_ANNOTATION = "cairn.dev/resume-request"
+"""A new value asks for the explicit ``resume`` target again (``kubectl cairn
+resume`` sets it): the operator applies an explicit target once per request."""
 
 
 class Resume(schema.SpecModel):
-    """What the first attempt resumes from: exactly one form."""
+    """What the job resumes from: exactly one form. An explicit one (step, uri,
+    none) applies once, to the next attempt started after it is set or
+    re-requested; later attempts resume from the newest committed step."""
 
     model_config = pydantic.ConfigDict(
         json_schema_extra=schema.cel(
@@ -242,6 +261,11 @@ class Resume(schema.SpecModel):
             ),
             ("!has(self.latest) || self.latest", "latest must be true when set", ".latest"),
             ("!has(self.none) || self.none", "none must be true when set", ".none"),
+            (
+                "!has(self.sha256) || has(self.step) || has(self.uri)",
+                RESUME_SHA256_TARGET,
+                ".sha256",
+            ),
         )
     )
 
@@ -260,6 +284,14 @@ class Resume(schema.SpecModel):
         ),
     )
 
+    sha256: str | None = pydantic.Field(
+        default=None,
+        pattern=SHA256_PATTERN,
+        description="SHA-256 (64 lowercase hex digits) of the target's DCP .metadata file: "
+        "pins exactly the checkpoint that was reviewed; a different .metadata fails the job "
+        "before it is read. Only with step or uri.",
+    )
+
     @pydantic.model_validator(mode="after")
     def _check(self) -> Self:
         forms = [self.latest, self.none, self.step, self.uri]
@@ -271,6 +303,8 @@ class Resume(schema.SpecModel):
             raise ValueError("none must be true when set")
         if self.uri is not None and re.fullmatch(schema.S3_URI_PATTERN[1:-1], self.uri) is None:
             raise ValueError("uri must look like s3://bucket/prefix")
+        if self.sha256 is not None and self.step is None and self.uri is None:
+            raise ValueError(RESUME_SHA256_TARGET)
         return self
 
 

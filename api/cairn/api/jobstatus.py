@@ -243,9 +243,10 @@ class StorageStatus(_StatusModel):
     verified_time: datetime.datetime | None = pydantic.Field(
         default=None, description="When verifiedStep was last checked."
     )
-    verified_by: Literal["crc32c", "size"] | None = pydantic.Field(
+    verified_by: Literal["crc32c", "size", "crc32c+hmac", "size+hmac"] | None = pydantic.Field(
         default=None,
-        description="crc32c: the store's full-object CRC32C matched; size: sizes only.",
+        description="crc32c: the store's full-object CRC32C matched; size: sizes only; "
+        "+hmac: and the manifest's signature verified with the job's key.",
     )
     remote_steps: list[int] | None = pydantic.Field(
         default=None,
@@ -256,6 +257,12 @@ class StorageStatus(_StatusModel):
         default=None,
         max_length=REMOTE_STEPS_LIMIT,
         description="Steps with a manifest whose objects do not match it.",
+    )
+    foreign_steps: list[int] | None = pydantic.Field(
+        default=None,
+        max_length=REMOTE_STEPS_LIMIT,
+        description="Steps whose manifest is not this job's own (not signed with its key, "
+        "or another job's): kept, never deleted, never loaded implicitly.",
     )
     last_retention_time: datetime.datetime | None = pydantic.Field(
         default=None, description="When remote retention last ran."
@@ -311,6 +318,31 @@ class RayStatus(_StatusModel):
     )
 
 
+class ResumeApplied(_StatusModel):
+    """The explicit ``spec.checkpoint.resume`` the operator handed to an attempt
+    (operator-owned). A request applies once: attempts after ``attempt`` resume
+    from the newest committed step, unless the request changes (another target,
+    or a new ``cairn.dev/resume-request`` annotation)."""
+
+    target: str = pydantic.Field(
+        max_length=1100, description="The target as CAIRN_RESUME_FROM: step:<N>, none or s3://…"
+    )
+    request: str | None = pydantic.Field(
+        default=None,
+        max_length=128,
+        description="The job's cairn.dev/resume-request annotation then (null: none).",
+    )
+    generation: int = pydantic.Field(ge=0, description="The spec generation it was read at.")
+    attempt: int | None = pydantic.Field(
+        default=None,
+        ge=1,
+        description="The first attempt that got it (null: applied before this record existed).",
+    )
+    time: datetime.datetime | None = pydantic.Field(
+        default=None, description="When that attempt started."
+    )
+
+
 class TrainingJobStatus(_StatusModel):
     """Observed state. Operator: phase, attempt, restarts, times, conditions, storage.
     Writer (rank 0): step, checkpoints."""
@@ -356,6 +388,10 @@ class TrainingJobStatus(_StatusModel):
     )
     ray: RayStatus | None = pydantic.Field(
         default=None, description="Runtime ray: the driver's rank-actor group and its restarts."
+    )
+    resume_applied: ResumeApplied | None = pydantic.Field(
+        default=None,
+        description="The explicit spec.checkpoint.resume already handed to an attempt.",
     )
     conditions: list[Condition] | None = pydantic.Field(
         default=None,

@@ -13,6 +13,7 @@ The trainer container runs the user's ``command``/``args`` verbatim. The
 """
 
 import dataclasses
+import re
 from typing import Literal
 
 # --- identity ------------------------------------------------------------
@@ -37,14 +38,25 @@ KEEP_LAST = "CAIRN_KEEP_LAST"
 MAX_BYTES = "CAIRN_MAX_BYTES"
 FINAL_CHECKPOINT_GRACE_SECONDS = "CAIRN_FINAL_CHECKPOINT_GRACE_SECONDS"
 """The pod's termination grace period: the budget for the SIGTERM checkpoint."""
+MANIFEST_KEYRING = "CAIRN_MANIFEST_KEYRING"
+"""Path of the job's manifest keyring file (the per-job Secret, mounted read-only
+at ``MANIFEST_KEY_DIR``): rank 0 signs manifests, every rank verifies them."""
+MANIFEST_KEY_DIR = "/var/run/cairn/manifest-key"
+MANIFEST_KEYRING_FILE = "keyring.json"
+"""The Secret's data key, and so the file name under ``MANIFEST_KEY_DIR``."""
 RESUME_FROM = "CAIRN_RESUME_FROM"
 """See :func:`format_resume` / :func:`parse_resume`."""
+RESUME_SHA256 = "CAIRN_RESUME_SHA256"
+"""``checkpoint.resume.sha256``: the SHA-256 the target's ``.metadata`` must have
+(set only with a step or uri target; ``ResumeTarget.sha256``)."""
 
 # --- S3 durable tier ---------------------------------------------------------
 UPLOAD_URI = "CAIRN_UPLOAD_URI"
 UPLOAD_CONCURRENCY = "CAIRN_UPLOAD_CONCURRENCY"
 UPLOAD_ON_FAILURE = "CAIRN_UPLOAD_ON_FAILURE"
 """``Continue`` (keep training, upload later) or ``Fail``: ``checkpoint.upload.onFailure``."""
+UPLOAD_STALL_SECONDS = "CAIRN_UPLOAD_STALL_SECONDS"
+"""``checkpoint.upload.stallSeconds``: a transfer without progress this long is cancelled."""
 AWS_ENDPOINT_URL_S3 = "AWS_ENDPOINT_URL_S3"
 AWS_REGION = "AWS_REGION"
 AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
@@ -103,12 +115,16 @@ class ResumeTarget:
     kind: ResumeKind
     step: int | None = None
     uri: str | None = None
+    sha256: str | None = None
+    """Pin of the target's ``.metadata`` (``CAIRN_RESUME_SHA256``); step/uri only."""
 
     def __post_init__(self) -> None:
         if (self.kind == "step") != (self.step is not None):
             raise ValueError("ResumeTarget.step is set exactly when kind is 'step'")
         if (self.kind == "uri") != (self.uri is not None):
             raise ValueError("ResumeTarget.uri is set exactly when kind is 'uri'")
+        if self.sha256 is not None and self.kind not in ("step", "uri"):
+            raise ValueError("ResumeTarget.sha256 pins a step or uri target only")
 
 
 def format_resume(target: ResumeTarget) -> str:
@@ -120,8 +136,21 @@ def format_resume(target: ResumeTarget) -> str:
     return target.kind
 
 
-def parse_resume(value: str) -> ResumeTarget:
-    """Inverse of :func:`format_resume`; raises ValueError naming the variable."""
+def parse_resume(value: str, *, sha256: str | None = None) -> ResumeTarget:
+    """Inverse of :func:`format_resume` (``sha256``: ``CAIRN_RESUME_SHA256``, for a
+    step or uri target); raises ValueError naming the variable."""
+    target = _parse_resume(value)
+    if sha256:
+        if target.kind not in ("step", "uri") or re.fullmatch(r"[0-9a-f]{64}", sha256) is None:
+            raise ValueError(
+                f"{RESUME_SHA256}={sha256!r}: expected 64 lowercase hex digits, with a step"
+                " or uri target"
+            )
+        return dataclasses.replace(target, sha256=sha256)
+    return target
+
+
+def _parse_resume(value: str) -> ResumeTarget:
     if value == "latest":
         return ResumeTarget(kind="latest")
     if value == "none":

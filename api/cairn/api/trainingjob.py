@@ -556,6 +556,7 @@ class ObjectMeta(pydantic.BaseModel):
     creation_timestamp: datetime.datetime | None = None
     deletion_timestamp: datetime.datetime | None = None
     labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
 
 
 class TrainingJob(pydantic.BaseModel):

@@ -523,7 +523,10 @@ def _wait_established(target: "Cluster", names: list[str]) -> None:
             status, body = api_request(
                 target, "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
             )
-            conditions = body.get("status", {}).get("conditions", []) if status == 200 else []
+            # A CRD created a moment ago has `status.conditions: null`.
+            conditions = (
+                ((body.get("status") or {}).get("conditions") or []) if status == 200 else []
+            )
             if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
                 pending.discard(name)
         time.sleep(0.2 if pending else 0)

@@ -6,7 +6,11 @@ names from ``cairn.api.podenv`` (the contract with the trainer image).
 
 Per job (stable names, re-ensured by every attempt): ServiceAccount, a Role
 that may only get/patch this one TrainingJob's status (``resourceNames``), its
-RoleBinding, and the headless Service that gives each rank a DNS name.
+RoleBinding, the headless Service that gives each rank a DNS name, and the
+Secret holding the job's manifest-signing keyring (created once, never
+replaced: its key is drawn by ``effects`` at create time, not here; mounted
+read-only into the trainer container of every rank pod, Ray head and workers
+alike, and into no other container; docs/security.md).
 Per attempt: one Pod per node rank.
 
 Runtime ``ray`` (docs/ray.md): the same pods, names, gang and Service; rank 0
@@ -172,9 +176,49 @@ def service(job: trainingjob.TrainingJob) -> k8stypes.Service:
     }
 
 
+def manifest_key_secret(job: trainingjob.TrainingJob) -> k8stypes.Secret:
+    """The job's keyring Secret, without data (``effects`` draws the key on create)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(
+            job,
+            name=names.manifest_key_secret_name(job.metadata.name),
+            labels=names.owner_labels(job.metadata.name),
+        ),
+        "type": "Opaque",
+    }
+
+
 def job_children(job: trainingjob.TrainingJob) -> list[k8stypes.Child]:
     """The per-job children, in creation order (the binding after its role)."""
-    return [service_account(job), role(job), role_binding(job), service(job)]
+    return [
+        service_account(job),
+        role(job),
+        role_binding(job),
+        service(job),
+        manifest_key_secret(job),
+    ]
+
+
+MANIFEST_KEY_VOLUME = "cairn-manifest-key"
+
+
+def _manifest_key_volume(job: trainingjob.TrainingJob) -> dict[str, object]:
+    return {
+        "name": MANIFEST_KEY_VOLUME,
+        "secret": {
+            "secretName": names.manifest_key_secret_name(job.metadata.name),
+            # Readable by the container's (non-root, any) user; the volume is
+            # mounted into the trainer container only.
+            "defaultMode": 0o444,
+            "items": [{"key": podenv.MANIFEST_KEYRING_FILE, "path": podenv.MANIFEST_KEYRING_FILE}],
+        },
+    }
+
+
+def _manifest_key_mount() -> k8stypes.VolumeMount:
+    return {"name": MANIFEST_KEY_VOLUME, "mountPath": podenv.MANIFEST_KEY_DIR, "readOnly": True}
 
 
 def _value(name: str, value: str | int) -> k8stypes.EnvVar:
@@ -228,9 +272,15 @@ def pod_env(
         _value(podenv.KEEP_LAST, ckpt.retention.local.keep_last),
         _value(podenv.FINAL_CHECKPOINT_GRACE_SECONDS, ckpt.final_checkpoint_grace_seconds),
         _value(podenv.RESUME_FROM, podenv.format_resume(resume)),
+        # The path of the keyring file, never the key (docs/security.md).
+        _value(
+            podenv.MANIFEST_KEYRING, f"{podenv.MANIFEST_KEY_DIR}/{podenv.MANIFEST_KEYRING_FILE}"
+        ),
         _value(podenv.REPORT_STATUS, 1 if rank == 0 else 0),
         _value(podenv.STATUS_INTERVAL_SECONDS, ckpt.status_interval_seconds),
     ]
+    if resume.sha256 is not None:
+        env.append(_value(podenv.RESUME_SHA256, resume.sha256))
     if spec.runtime == "ray":
         env += ray_env(spec.ray_settings)
     if ckpt.interval_steps is not None:
@@ -245,6 +295,7 @@ def pod_env(
             _value(podenv.UPLOAD_URI, upload.uri),
             _value(podenv.UPLOAD_CONCURRENCY, upload.concurrency),
             _value(podenv.UPLOAD_ON_FAILURE, upload.on_failure),
+            _value(podenv.UPLOAD_STALL_SECONDS, upload.stall_seconds),
         ]
         if upload.endpoint is not None:
             env.append(_value(podenv.AWS_ENDPOINT_URL_S3, upload.endpoint))
@@ -345,6 +396,7 @@ def pod(
         ],
         "volumeMounts": [
             _checkpoint_mount(job),
+            _manifest_key_mount(),
             *_ray_mounts(job),
             *(m.model_dump(by_alias=True) for m in overlay.volume_mounts or ()),
         ],
@@ -370,6 +422,7 @@ def pod(
         "containers": [container],
         "volumes": [
             _checkpoint_volume(job),
+            _manifest_key_volume(job),
             *_ray_volumes(job),
             *(v.model_dump(by_alias=True) for v in overlay.volumes or ()),
         ],

@@ -108,6 +108,7 @@ REASON_CONFIG_ERROR = exitcodes.CONFIG_ERROR_REASON
 
 # --- message templates --------------------------------------------------------
 MSG_ATTEMPT_STARTED = "attempt {attempt}: {nodes} pod(s) created, resuming from {resume}"
+MSG_RESUME_EXPLICIT = " (spec.checkpoint.resume of generation {generation}, applied once)"
 MSG_PODS_STARTING = "attempt {attempt}: {running}/{nodes} pod(s) running"
 MSG_RUNNING = "attempt {attempt}: all {nodes} pod(s) running"
 MSG_RANK_FAILED = "attempt {attempt}: rank {rank} exited with code {code}{detail}"

@@ -17,19 +17,25 @@ fields; it is a JSON merge patch, so the writer's ``step`` and
 succeeded. Blocking calls: run ``apply`` in a worker thread from async code.
 Responses the operator does not read (creates, deletes, events) are not
 decoded into the client's model classes (``_preload_content=False``).
+The job's manifest-key Secret is the one child whose content is drawn here:
+32 random bytes from ``secrets`` at create time (``_with_fresh_keyring``),
+never in the pure plan, so no key is ever part of a Plan, a log line or an
+event; a 409 keeps the existing Secret and so the job's key.
 """
 
+import base64
 import dataclasses
 import datetime
 import json
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client import exceptions as k8s_exceptions
 
-from cairn.api import trainingjob
+from cairn.api import manifest, podenv, trainingjob
 from cairn.operator import clock, k8stypes, names, observe, plan
 
 LOG = logging.getLogger(__name__)
@@ -101,6 +107,20 @@ def _owned_by(existing: Any, job_uid: str) -> bool:
     return any(ref.uid == job_uid and ref.controller for ref in refs)
 
 
+INITIAL_KEY_ID = "k1"
+"""Id of a job's first manifest key; rotation adds others (docs/security.md)."""
+KEY_BYTES = 32
+
+
+def _with_fresh_keyring(secret: k8stypes.Secret) -> k8stypes.Secret:
+    """The job's keyring Secret with a newly drawn key (only ever sent in a create)."""
+    ring = manifest.Keyring(
+        current=INITIAL_KEY_ID, keys={INITIAL_KEY_ID: secrets.token_bytes(KEY_BYTES)}
+    )
+    encoded = base64.b64encode(manifest.dump_keyring(ring)).decode()
+    return {**secret, "data": {podenv.MANIFEST_KEYRING_FILE: encoded}}
+
+
 def _create(api: Any, child: k8stypes.Child) -> observe.CreateError | None:
     """Create ``child``; None when it exists now and is ours."""
     namespace = child["metadata"]["namespace"]
@@ -117,10 +137,12 @@ def _create(api: Any, child: k8stypes.Child) -> observe.CreateError | None:
         ),
         "Role": (rbac.create_namespaced_role, rbac.read_namespaced_role),
         "RoleBinding": (rbac.create_namespaced_role_binding, rbac.read_namespaced_role_binding),
+        "Secret": (core.create_namespaced_secret, core.read_namespaced_secret),
     }
     create, read = calls[kind]
+    body = _with_fresh_keyring(child) if child["kind"] == "Secret" else child
     try:
-        _unread(create(namespace, child, field_manager=names.FIELD_MANAGER, _preload_content=False))
+        _unread(create(namespace, body, field_manager=names.FIELD_MANAGER, _preload_content=False))
         return None
     except k8s_exceptions.ApiException as error:
         if error.status != CONFLICT:

@@ -16,7 +16,9 @@ what its plan sees of them changed. No reconcile runs before that first
 list is in. After a delete found a pod already gone (404) the next plan
 lists the job's pods from the API by label selector; pods that list showed
 gone are hidden from later cache reads until the cache drops them too
-(``_PodTruth``).
+(``_PodTruth``). Pods are attached to a job by label, but only its own
+(``podowner``: controller ownerReference and name) are planned from or
+deleted, onDelete included; each stranger is reported once (``ForeignPod``).
 
 The S3 pass (``s3pass.storage_pass``: verification, remote retention,
 ``status.storage``) of every job runs from one scheduler task
@@ -58,6 +60,7 @@ from cairn.operator import (
     observe,
     plan,
     podcache,
+    podowner,
     prefixowner,
     s3loop,
     s3observe,
@@ -88,6 +91,9 @@ Key = tuple[str, str]
 _kicks: dict[Key, asyncio.Event] = {}
 _locks: dict[Key, asyncio.Lock] = {}
 """One per job: a finished job's reconcile waits for its stopping daemon's."""
+_foreign_reported: dict[Key, frozenset[str]] = {}
+"""Per job, the foreign pods (``podowner``) already reported in a ForeignPod
+Event: each once per job and pod (again after an operator restart)."""
 
 
 def _lock(key: Key) -> asyncio.Lock:
@@ -208,6 +214,7 @@ async def job_changed(
         S3_LOOP.forget(key)
         FINISHED.forget(key)
         _locks.pop(key, None)
+        _foreign_reported.pop(key, None)
         return
     metrics.JOBS.observe(*key, body)
     raw = copy.deepcopy(dict(body))
@@ -351,7 +358,12 @@ async def reconcile_once(
         # Only a queued job's reconcile waits for a worker thread here: the
         # threads are shared by every job's API calls.
         queue = await asyncio.to_thread(kueuesync.read, api, job)
-    observed = observe.Observed(pods=seen, create_errors=truth.create_errors, queue=queue)
+    observed = observe.Observed(
+        pods=seen,
+        create_errors=truth.create_errors,
+        queue=queue,
+        reported_foreign=_foreign_reported.get((namespace, name), frozenset()),
+    )
     todo = plan.plan(job=job, observed=observed, now=clock())
     if not todo.empty:
         ref = effects.JobRef.of(raw)
@@ -371,6 +383,11 @@ async def reconcile_once(
             ",".join(result.created) or "-",
             ",".join(result.deleted) or "-",
         )
+    # After the apply (its events posted), or none was needed: never before.
+    if todo.foreign_reported:
+        _foreign_reported[(namespace, name)] = todo.foreign_reported
+    else:
+        _foreign_reported.pop((namespace, name), None)
     wait = todo.requeue_after if todo.requeue_after is not None else resync_wait()
     if queue is not None:
         again = await asyncio.to_thread(
@@ -579,19 +596,22 @@ async def _storage_pass(
 S3_LOOP = s3loop.S3Loop(run_pass=_storage_pass, settings=STORAGE, written=_Written)
 
 
-def _live_pods(api: Any, job: trainingjob.TrainingJob) -> list[str]:
-    pods = client.CoreV1Api(api).list_namespaced_pod(
-        job.metadata.namespace, label_selector=f"{names.LABEL_JOB}={job.metadata.name}"
-    )
-    return [p.metadata.name for p in pods.items]
+def _own_pods(api: Any, job: trainingjob.TrainingJob) -> list[observe.ObservedPod]:
+    """The job's own pods (``podowner``) from the API server: a pod that only
+    carries the job's labels is never deleted with it."""
+    name, uid = job.metadata.name, job.metadata.uid
+    listed = _list_pods(api, job.metadata.namespace, name)
+    return [p for p in listed if podowner.owns(p, job_name=name, job_uid=uid)]
 
 
-def _delete_pods(api: Any, namespace: str, pods: list[str]) -> None:
+def _delete_pods(api: Any, namespace: str, pods: list[observe.ObservedPod]) -> None:
     for pod in pods:
+        # The uid precondition: a successor with the same name is not this pod.
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid))
         try:
-            client.CoreV1Api(api).delete_namespaced_pod(pod, namespace)
+            client.CoreV1Api(api).delete_namespaced_pod(pod.name, namespace, body=options)
         except k8s_exceptions.ApiException as error:
-            if error.status != 404:
+            if error.status not in (404, 409):
                 raise
 
 
@@ -600,18 +620,18 @@ async def _pods_gone(api: Any, job: trainingjob.TrainingJob) -> None:
     bounded by that grace period plus a margin, until the API server has none."""
     bound = job.spec.checkpoint.final_checkpoint_grace_seconds + RECONCILE.pod_gone_margin_seconds
     deadline = time.monotonic() + bound
-    pods = await asyncio.to_thread(_live_pods, api, job)
+    pods = await asyncio.to_thread(_own_pods, api, job)
     if pods:
         await asyncio.to_thread(_delete_pods, api, job.metadata.namespace, pods)
     while pods and time.monotonic() < deadline:
         await asyncio.sleep(RECONCILE.pod_gone_poll_seconds)
-        pods = await asyncio.to_thread(_live_pods, api, job)
+        pods = await asyncio.to_thread(_own_pods, api, job)
     if pods:
         LOG.warning(
             "onDelete of %s/%s: pods %s still exist after %.0f s; cleaning up anyway",
             job.metadata.namespace,
             job.metadata.name,
-            ",".join(pods),
+            ",".join(p.name for p in pods),
             bound,
         )
 

@@ -64,6 +64,7 @@ class VolumeMount(TypedDict):
     name: str
     mountPath: str
     subPath: NotRequired[str]
+    readOnly: NotRequired[bool]
 
 
 class ContainerPort(TypedDict):
@@ -177,9 +178,22 @@ class RoleBinding(TypedDict):
     subjects: list[Subject]
 
 
-Child = Pod | Service | ServiceAccount | Role | RoleBinding
+class Secret(TypedDict):
+    """The job's manifest keyring. ``data`` is absent from what ``plan`` returns:
+    ``effects`` draws the key when it creates the Secret, so no key is ever
+    part of a Plan (which tests and logs print)."""
+
+    apiVersion: Literal["v1"]
+    kind: Literal["Secret"]
+    metadata: ObjectMeta
+    type: Literal["Opaque"]
+    immutable: NotRequired[bool]
+    data: NotRequired[dict[str, str]]
+
+
+Child = Pod | Service | ServiceAccount | Role | RoleBinding | Secret
 """Everything the operator creates for a job."""
-ChildKind = Literal["Pod", "Service", "ServiceAccount", "Role", "RoleBinding"]
+ChildKind = Literal["Pod", "Service", "ServiceAccount", "Role", "RoleBinding", "Secret"]
 
 
 class ConditionDict(TypedDict):
@@ -235,3 +249,4 @@ class StatusPatch(TypedDict, total=False):
     progress: ProgressDict | None
     conditions: list[ConditionDict]
     ray: RayStatusPatch
+    resumeApplied: dict[str, Any]

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cairn.api import trainingjob
-from cairn.operator import k8stypes, names
+from cairn.operator import clock, k8stypes, names
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
@@ -399,10 +399,6 @@ def _set(
     return out
 
 
-def _rfc3339(now: datetime.datetime) -> str:
-    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def release_patch(workload: Workload, *, now: datetime.datetime) -> dict[str, Any] | None:
     """The status merge patch that gives an evicted Workload's quota back and
     requeues it, as Kueue's job framework does once the job's pods are gone
@@ -413,7 +409,7 @@ def release_patch(workload: Workload, *, now: datetime.datetime) -> dict[str, An
     if workload.evicted is None or not workload.quota_reserved:
         return None
     reason, message = workload.evicted
-    stamp = _rfc3339(now)
+    stamp = clock.rfc3339(now)
     conditions = _set(
         workload.conditions,
         kind=QUOTA_RESERVED,
@@ -451,7 +447,7 @@ def finished_patch(
         status="True",
         reason="Succeeded" if succeeded else "Failed",
         message=message,
-        now=_rfc3339(now),
+        now=clock.rfc3339(now),
     )
     return {
         "metadata": {"resourceVersion": workload.resource_version},
@@ -494,7 +490,7 @@ def pods_ready_patch(
         status=status,
         reason=reason,
         message=_PODS_READY_WORDS[reason],
-        now=_rfc3339(now),
+        now=clock.rfc3339(now),
     )
     return {
         "metadata": {"resourceVersion": workload.resource_version},

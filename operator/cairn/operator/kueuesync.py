@@ -9,8 +9,8 @@ and :func:`sync` after it applied the plan. Every decision is ``kueue``'s
   WorkloadPriorityClass value when the job names one;
 - ``spec.suspend`` follows into the Workload's ``spec.active`` (a suspended
   job gives its quota back through Kueue's own deactivation);
-- evicted, the job recorded Suspended and every pod of it gone (also in a fresh
-  list, not only the watch cache): release the quota on ``workloads/status``
+- evicted, the job recorded Suspended and every pod of its own (``podowner``)
+  gone (also in a fresh list, not only the watch cache): release the quota on ``workloads/status``
   and post ``KueueQuotaReleased``;
 - ``PodsReady`` follows the phase (Kueue's ``waitForPodsReady`` reads it);
 - the job ended: ``Finished=True``;
@@ -23,6 +23,7 @@ Kueue wrote in between and the next reconcile (``RETRY_SECONDS``) decides again.
 
 import dataclasses
 import datetime
+import json
 import logging
 from typing import Any
 
@@ -30,7 +31,7 @@ from kubernetes import client
 from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import jobstatus, podenv, trainingjob
-from cairn.operator import builders, effects, k8stypes, kueue, names, observe
+from cairn.operator import builders, effects, k8stypes, kueue, names, observe, podowner
 
 LOG = logging.getLogger(__name__)
 RETRY_SECONDS = 2.0
@@ -179,11 +180,16 @@ def _patch(api: Any, namespace: str, name: str, body: dict[str, Any], *, status:
 
 
 def _live_pods(api: Any, job: trainingjob.TrainingJob) -> int:
-    """Pods of the job whose containers may still run, from the API server itself."""
-    listed = client.CoreV1Api(api).list_namespaced_pod(
-        job.metadata.namespace, label_selector=f"{names.LABEL_JOB}={job.metadata.name}"
+    """The job's own pods (``podowner``) whose containers may still run, from the
+    API server itself: a pod that only carries the job's labels never holds the quota."""
+    response = client.CoreV1Api(api).list_namespaced_pod(
+        job.metadata.namespace,
+        label_selector=f"{names.LABEL_JOB}={job.metadata.name}",
+        _preload_content=False,
     )
-    return sum(1 for p in listed.items if (p.status.phase or "") not in ("Succeeded", "Failed"))
+    parsed = (observe.parse_pod(item) for item in json.loads(response.data).get("items") or ())
+    owner = {"job_name": job.metadata.name, "job_uid": job.metadata.uid}
+    return sum(1 for p in parsed if p and podowner.owns(p, **owner) and not p.terminated)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -24,6 +24,10 @@ this job does not own is a ``NameConflict``; ``startupDeadlineSeconds`` and
 ``progressDeadlineSeconds`` end an attempt that does not start or does not
 advance (counted). The backoff doubles per restart and starts over after an
 attempt that ran ``backoffResetSeconds``.
+
+Every rule reads only the job's own pods: ``plan.plan`` hands over
+``observed`` after ``podowner.attach``, so a pod that merely carries the
+job's labels neither steers nor blocks a decision and is never deleted.
 """
 
 import dataclasses
@@ -32,7 +36,7 @@ from typing import Any
 
 from cairn.api import checkpointspec, exitcodes, jobstatus, podenv, trainingjob
 from cairn.operator import conditions as cond
-from cairn.operator import diagnosis, kueue, observe, tunables
+from cairn.operator import diagnosis, kueue, observe, resumeplan, tunables
 
 # The delays live in ``tunables.Settings.lifecycle``; these names read them.
 _DELAYS = tunables.DEFAULT.lifecycle
@@ -76,6 +80,8 @@ class Decision:
     start_attempt: bool = False
     """Create the per-job children and every pod of ``attempt``."""
     resume: podenv.ResumeTarget | None = None
+    resume_applied: jobstatus.ResumeApplied | None = None
+    """A new ``status.resumeApplied`` record (None: leave it as it is)."""
     delete: tuple[observe.ObservedPod, ...] = ()
     requeue_after: float | None = None
     noop: bool = False
@@ -105,20 +111,13 @@ def _failure_of(status: jobstatus.TrainingJobStatus) -> Failure | None:
     )
 
 
-def resume_target(job: trainingjob.TrainingJob) -> podenv.ResumeTarget:
-    """After the job has committed anything, always the newest committed step;
-    before that, what the spec asks for."""
-    ckpts = job.status.checkpoints
-    if ckpts is not None and (ckpts.last_committed or ckpts.last_uploaded):
-        return podenv.ResumeTarget(kind="latest")
-    resume = job.spec.checkpoint.resume
-    if resume.step is not None:
-        return podenv.ResumeTarget(kind="step", step=resume.step)
-    if resume.uri is not None:
-        return podenv.ResumeTarget(kind="uri", uri=resume.uri)
-    if resume.none:
-        return podenv.ResumeTarget(kind="none")
-    return podenv.ResumeTarget(kind="latest")
+def resume_target(
+    job: trainingjob.TrainingJob, *, now: datetime.datetime | None = None
+) -> podenv.ResumeTarget:
+    """What the job's next attempt resumes from (``resumeplan.choose``): the
+    spec's explicit target once per request, else the newest committed step."""
+    attempt = (job.status.attempt or 0) + 1
+    return resumeplan.choose(job, attempt=attempt, now=now or datetime.datetime.now(UTC)).target
 
 
 def backoff_seconds(policy: trainingjob.RestartPolicy, *, restarts: int) -> int:
@@ -290,19 +289,24 @@ def _start(
     reason: str,
 ) -> Decision:
     attempt = base.attempt + 1
-    resume = resume_target(job)
+    choice = resumeplan.choose(job, attempt=attempt, now=now)
+    resume = choice.target
+    message = cond.MSG_ATTEMPT_STARTED.format(
+        attempt=attempt, nodes=job.spec.nodes, resume=podenv.format_resume(resume)
+    )
+    if choice.explicit:
+        message += cond.MSG_RESUME_EXPLICIT.format(generation=job.metadata.generation)
     return base.decision(
         phase="Starting",
         reason=reason,
-        message=cond.MSG_ATTEMPT_STARTED.format(
-            attempt=attempt, nodes=job.spec.nodes, resume=podenv.format_resume(resume)
-        ),
+        message=message,
         attempt=attempt,
         start_time=base.start_time or now,
         attempt_start_time=now,
         progress_time=now if job.spec.progress_deadline_seconds is not None else None,
         start_attempt=True,
         resume=resume,
+        resume_applied=choice.record,
         delete=_cleanup(job, observed.pods, keep_attempt=attempt),
         requeue_after=_deadline_in(job, start=base.start_time or now, now=now),
     )
@@ -740,12 +744,21 @@ def _starting(
         # Creates are idempotent; with a name conflict nothing is created until
         # the user resolves it (the retry finds out).
         start_attempt=len(by_rank) < nodes,
-        resume=resume_target(job) if len(by_rank) < nodes else None,
+        resume=_recreate_target(job, base, now=now) if len(by_rank) < nodes else None,
         delete=cleanup,
         requeue_after=min(waits) if waits else None,
         not_starting=not_starting,
         name_conflict=name_conflict,
     )
+
+
+def _recreate_target(
+    job: trainingjob.TrainingJob, base: _Base, *, now: datetime.datetime
+) -> podenv.ResumeTarget:
+    """A missing pod of the current attempt resumes like its peers; a request
+    made during the attempt waits for the next attempt start."""
+    choice = resumeplan.choose(job, attempt=max(base.attempt, 1), now=now)
+    return resumeplan.LATEST if choice.record is not None else choice.target
 
 
 def _startup_left(
@@ -767,6 +780,8 @@ def decide(
         return base.decision(phase=base.phase, reason="", message="", noop=True)
     if base.phase in jobstatus.TERMINAL_PHASES:
         return _terminal(job, observed, base)
+    # observed.pods are the job's own (plan.plan attached them with podowner):
+    # a stranger labelled attempt 99 never freezes the job here.
     ahead = [p for p in observed.pods if p.attempt > base.attempt]
     if ahead:
         # Our own status patch has not reached this copy of the job yet.

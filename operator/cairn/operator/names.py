@@ -35,6 +35,11 @@ def role_name(job: str) -> str:
     return f"{job}-status-writer"
 
 
+def manifest_key_secret_name(job: str) -> str:
+    """The job's manifest-signing keyring (docs/security.md, "Authenticated manifests")."""
+    return f"{job}-manifest-key"
+
+
 def master_addr(*, job: str, namespace: str, attempt: int) -> str:
     """Rank 0's stable DNS name under the headless Service."""
     host = pod_name(job=job, attempt=attempt, rank=0)

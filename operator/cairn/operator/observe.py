@@ -5,6 +5,10 @@ Pure: turns the raw dicts kopf hands to ``handlers`` into frozen values that
 handler passes in what its watches and indexes hold, a fresh pod list on
 resync, and the children ``effects`` failed to create last time.
 
+Pods reach a job by its label ``cairn.dev/job-name`` (anyone who may create
+a pod can set it); each ``ObservedPod`` keeps its controller ownerReference
+so that ``podowner.attach`` can tell the job's own pods from strangers.
+
 A job whose spec passed the schema but not the models (a semantic error, or
 an object stored before a CRD upgrade) parses into :class:`InvalidJob`, so
 the plan can mark it Failed instead of crash-looping.
@@ -55,6 +59,9 @@ class ObservedPod:
     pod_reason: str | None = None
     """status.reason of the pod, e.g. Evicted (with ``pod_message``)."""
     pod_message: str = ""
+    controller_uid: str | None = None
+    """UID of the pod's controller ownerReference (None: it has none). Labels
+    anyone can copy; ``podowner`` decides from this and the name whose pod it is."""
 
     @property
     def terminated(self) -> bool:
@@ -115,6 +122,12 @@ class Observed:
     queue: kueue.Queue | None = None
     """A queued job's Workload as the handler read it (``kueue``); None when the
     job is not queued or nothing was read yet (a queued job is then held)."""
+    foreign: tuple[ObservedPod, ...] = ()
+    """Pods with the job's labels that are not its own (``podowner.attach``
+    moves them here from ``pods``): reported, never decided on or deleted."""
+    reported_foreign: frozenset[str] = frozenset()
+    """UIDs of foreign pods already reported in a ``ForeignPod`` Event (the
+    handler's memory: reported once per job and pod)."""
 
     def pods_of(self, attempt: int) -> tuple[ObservedPod, ...]:
         return tuple(p for p in self.pods if p.attempt == attempt)
@@ -216,7 +229,17 @@ def parse_pod(body: Mapping[str, Any]) -> ObservedPod | None:
         termination_message=message,
         pod_reason=status.get("reason"),
         pod_message=str(status.get("message") or ""),
+        controller_uid=controller_uid(metadata),
     )
+
+
+def controller_uid(metadata: Mapping[str, Any]) -> str | None:
+    """UID of the controller ownerReference in ``metadata`` (at most one is
+    allowed by the API server); None without one."""
+    for owner in metadata.get("ownerReferences") or ():
+        if isinstance(owner, Mapping) and owner.get("controller") is True:
+            return str(owner.get("uid") or "") or None
+    return None
 
 
 def _waiting(status: Mapping[str, Any]) -> tuple[str | None, str]:

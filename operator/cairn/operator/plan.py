@@ -8,7 +8,8 @@ out in this order: status, deletes, creates, events, so that a decision (a
 failure counted, an attempt number bumped) is recorded before it acts, and an
 operator killed between two steps converges on restart without duplicates.
 
-Read top to bottom: lifecycle.decide -> builders -> status.patch -> events.
+Read top to bottom: podowner.attach (only the job's own pods count) ->
+lifecycle.decide -> builders -> status.patch -> events.
 """
 
 import dataclasses
@@ -16,7 +17,16 @@ import datetime
 from typing import Any
 
 from cairn.api import jobstatus, trainingjob
-from cairn.operator import builders, k8stypes, kueue, lifecycle, observe, raystatus, status
+from cairn.operator import (
+    builders,
+    k8stypes,
+    kueue,
+    lifecycle,
+    observe,
+    podowner,
+    raystatus,
+    status,
+)
 from cairn.operator import conditions as cond
 
 _WARNING_PHASES: frozenset[str] = frozenset({"Failed", "Restarting"})
@@ -44,6 +54,9 @@ class Plan:
     requeue_after: float | None = None
     decision: lifecycle.Decision | None = None
     """Why: kept for logs and tests."""
+    foreign_reported: frozenset[str] = frozenset()
+    """UIDs of the foreign pods reported once this plan's events are posted
+    (``podowner.reports``): the handler keeps them for the next plan."""
 
     @property
     def empty(self) -> bool:
@@ -115,7 +128,9 @@ def plan(
     observed: observe.Observed,
     now: datetime.datetime,
 ) -> Plan:
-    """Decide; pure."""
+    """Decide; pure. Only the job's own pods are decided on (``podowner``)."""
+    owner = {"job_name": job.metadata.name, "job_uid": job.metadata.uid}
+    observed = podowner.attach(observed, **owner)
     if isinstance(job, observe.InvalidJob):
         decision = lifecycle.decide_invalid(job=job, observed=observed, now=now)
         valid = None
@@ -123,7 +138,12 @@ def plan(
         decision = lifecycle.decide(job=job, observed=observed, now=now)
         valid = job
     if decision.noop:
-        return Plan(requeue_after=decision.requeue_after, decision=decision)
+        return Plan(
+            requeue_after=decision.requeue_after,
+            decision=decision,
+            foreign_reported=observed.reported_foreign,
+        )
+    foreign_events, foreign_reported = podowner.reports(observed, **owner)
     creates: list[k8stypes.Child] = []
     if valid is not None and decision.start_attempt and decision.resume is not None:
         creates += builders.job_children(valid)
@@ -149,7 +169,11 @@ def plan(
         status=patch if _status_changed(job.status, patch) else None,
         deletes=_deletes(job.metadata, decision),
         creates=tuple(creates),
-        events=_events(job.status, decision) + _problem_events(job.status, patch) + ray_events,
+        events=_events(job.status, decision)
+        + _problem_events(job.status, patch)
+        + ray_events
+        + foreign_events,
         requeue_after=decision.requeue_after,
         decision=decision,
+        foreign_reported=foreign_reported,
     )

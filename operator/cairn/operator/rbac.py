@@ -14,10 +14,12 @@ Two scopes:
 - ``CLUSTER_RULES`` are cluster-scoped reads kopf needs in either mode (CRDs and
   namespaces: names and labels only).
 
-Secrets: only ``get`` (no list, no watch): ``s3observe`` reads the one Secret a
-job's ``upload.credentialsSecretRef`` names, by name, when it verifies,
-applies retention or cleans up the job's S3 prefix; the pods still get the
-values only through ``secretKeyRef``. Not granted on purpose: nodes, ``update`` (everything is
+Secrets: ``get`` and ``create`` (no list, no watch, no update): ``s3observe``
+reads the one Secret a job's ``upload.credentialsSecretRef`` names, by name,
+when it verifies, applies retention or cleans up the job's S3 prefix (the pods
+still get the values only through ``secretKeyRef``); ``effects`` creates each
+job's manifest-key Secret once and ``s3observe`` reads it, by name, to check
+manifest signatures (docs/security.md). Not granted on purpose: nodes, ``update`` (everything is
 created, patched or deleted; the one exception is ``trainingjobs/finalizers``, which
 ``OwnerReferencesPermissionEnforcement`` checks before it lets a child carry
 ``blockOwnerDeletion``), ``escalate``/``bind`` (the per-job Role it
@@ -60,8 +62,9 @@ NAMESPACED_RULES: Final[tuple[PolicyRule, ...]] = (
     _rule("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "create"]),
     # effects: one Event per transition.
     _rule("", ["events"], ["create"]),
-    # s3observe: the S3 credentials Secret a job names (by name: get only).
-    _rule("", ["secrets"], ["get"]),
+    # s3observe: the S3 credentials Secret a job names and the job's manifest-key
+    # Secret (by name: get); effects: creates the manifest-key Secret once.
+    _rule("", ["secrets"], ["get", "create"]),
 )
 
 CLUSTER_RULES: Final[tuple[PolicyRule, ...]] = (

@@ -13,7 +13,12 @@ event or stored outside process memory. Without a reference, boto3's default
 chain applies (e.g. workload identity). Retries: botocore standard mode with
 a bounded number of attempts and socket timeouts, so one call is bounded.
 
-Costs, per pass of one job: one Secret GET, one LIST of the prefix. Clients
+The job's manifest keyring (``manifest_keyring``) is read the same way, from
+the Secret the operator created for the job (``<job>-manifest-key``, owned by
+the job), so the plan can check manifest signatures; its keys go only into
+``cairn.api.manifest.Keyring`` (whose repr hides them).
+
+Costs, per pass of one job: two Secret GETs, one LIST of the prefix. Clients
 are cached per (endpoint, region, key pair) (``ClientCache``: building one
 costs ~135 ms of CPU), so a rotated Secret gets a new client on the next
 pass and an unchanged one none. A manifest is read (GET) and a listed file
@@ -38,9 +43,9 @@ import pydantic
 from kubernetes import client as k8s
 from kubernetes.client import exceptions as k8s_exceptions
 
-from cairn.api import checkpointspec
+from cairn.api import checkpointspec, podenv
 from cairn.api import manifest as manifest_mod
-from cairn.operator import s3plan, tunables
+from cairn.operator import names, s3plan, tunables
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -99,6 +104,36 @@ deletion removes both at once). Never logged, never stored."""
 
 def forget_credentials(job_uid: str) -> None:
     _last_good.pop(job_uid, None)
+
+
+def manifest_keyring(
+    api: Any, *, job: str, namespace: str, job_uid: str
+) -> manifest_mod.Keyring | None:
+    """The job's manifest keyring from its Secret; None when there is none (404).
+
+    None means the job predates the Secret (its pods never signed): the plan
+    then judges manifests by job UID alone. A Secret that is not owned by
+    this job (a same-named leftover of a deleted job, or a planted one), is
+    unreadable or malformed raises ``StoreError`` (no key bytes in the
+    message), and the pass deletes nothing.
+    """
+    name = names.manifest_key_secret_name(job)
+    try:
+        secret = k8s.CoreV1Api(api).read_namespaced_secret(name, namespace)
+    except k8s_exceptions.ApiException as error:
+        if error.status == 404:
+            return None
+        raise StoreError(
+            f"reading Secret {namespace}/{name} failed: {error.status} {error.reason}"
+        ) from None
+    owners = secret.metadata.owner_references or ()
+    if not any(ref.uid == job_uid and ref.controller for ref in owners):
+        raise StoreError(f"Secret {namespace}/{name} is not owned by this job; not used")
+    data: dict[str, str] = secret.data or {}
+    try:
+        return manifest_mod.parse_keyring(_secret_value(data, podenv.MANIFEST_KEYRING_FILE, name))
+    except ValueError as error:
+        raise StoreError(f"Secret {namespace}/{name}: {error}") from None
 
 
 def credentials(

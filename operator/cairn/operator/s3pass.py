@@ -5,7 +5,8 @@ worker thread. ``storage_pass`` reads top to bottom:
 
 - observe (``s3observe``, ``prefixowner``): ``prefixowner.open_prefix`` (the
   operator's S3 settings and the prefix claim: nothing below happens under a
-  prefix the job does not own), then ``s3observe.observe`` (list; read
+  prefix the job does not own), the job's manifest keyring
+  (``s3observe.manifest_keyring``), then ``s3observe.observe`` (list; read
   manifests and head listed files whose ETag is new);
 - plan (``s3plan``, ``prefixclaim``; pure): ``s3plan.plan_job``
   (verification and retention), then ``s3plan.storage_update`` and
@@ -23,6 +24,7 @@ import logging
 import typing
 from typing import Any
 
+from cairn.api import manifest as manifest_mod
 from cairn.api import trainingjob
 from cairn.operator import (
     clock,
@@ -60,6 +62,7 @@ class _Seen:
     claim: prefixclaim.Claim | None = None
     s3: "S3Client | None" = None
     observation: s3plan.Observation | None = None
+    keyring: manifest_mod.Keyring | None = None
     error: str | None = None
 
 
@@ -78,8 +81,11 @@ def _observe(
         claim = access.claim
         if access.s3 is None:
             return _Seen(claim=claim)
+        keyring = s3observe.manifest_keyring(
+            api, job=job.metadata.name, namespace=job.metadata.namespace, job_uid=job.metadata.uid
+        )
         seen = s3observe.observe(access.s3, target, caches=caches)
-        return _Seen(claim=claim, s3=access.s3, observation=seen)
+        return _Seen(claim=claim, s3=access.s3, observation=seen, keyring=keyring)
     except s3observe.StoreError as failure:
         return _Seen(claim=claim, error=str(failure)[:1024])
 
@@ -105,7 +111,9 @@ def storage_pass(
     # plan (pure)
     todo = None
     if seen.observation is not None:
-        todo = s3plan.plan_job(job=job, status=status, observation=seen.observation)
+        todo = s3plan.plan_job(
+            job=job, status=status, observation=seen.observation, keyring=seen.keyring
+        )
     # apply: deletions, then what the status and the events say about them
     deleted: tuple[int, ...] = ()
     error = seen.error

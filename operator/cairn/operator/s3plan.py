@@ -9,7 +9,10 @@ the steps that must stay into a ``RemotePlan``; ``storage_update`` gives the
 prefix is looked at at all (live jobs every interval, a finished job once).
 
 Verification of a step: its manifest object exists and parses, its ``step``
-matches the folder, and every file it lists exists with the listed size and,
+matches the folder, it is this job's own (``cairn.api.manifest.authenticate``:
+signed with a key of the job's keyring, the job's manifest-key Secret, and
+naming the job's UID; a job without a keyring Secret, created before it
+existed, is judged by UID alone), and every file it lists exists with the listed size and,
 where the store reported a full-object CRC32C (``head_object`` with
 ``ChecksumMode=ENABLED``), the listed CRC32C. Multipart uploads only carry a
 composite checksum (a CRC of the part CRCs, ``...==-N``), which cannot be
@@ -20,7 +23,9 @@ Retention: the shared ``cairn.api.retention.plan_remote`` over the *verified*
 steps (keepLast newest plus keepEvery milestones), then these are never
 deleted: the newest verified step, the step the job resumed from (status
 ``resumedFrom`` and ``spec.checkpoint.resume.step``), a step with a manifest
-that fails verification (kept for inspection and reported), and a step
+that fails verification or authentication (kept for inspection and
+reported: ``corruptSteps``, or ``foreignSteps`` for a step that is not this
+job's own), and a step
 without a manifest that may still be uploading (newer than the newest
 manifest, in flight, or not older than the writer's last local commit). A
 step folder without a manifest older than the newest verified step is an
@@ -43,7 +48,7 @@ from cairn.api import checkpointspec, jobstatus, retention, trainingjob
 from cairn.api import manifest as manifest_mod
 from cairn.operator import clock, k8stypes
 
-Method = Literal["crc32c", "size"]
+Method = Literal["crc32c", "size", "crc32c+hmac", "size+hmac"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,6 +98,8 @@ class Verdict:
     """Why verification failed, or which files were checked by size only."""
     files: int = 0
     bytes: int = 0
+    foreign: bool = False
+    """Not this job's own (authentication failed): kept, reported apart from corrupt steps."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -146,9 +153,14 @@ def crc32c_hex_from_s3(value: str | None, checksum_type: str | None = None) -> s
 
 
 def verify_step(
-    *, step: int, objects: StepObjects, manifest: manifest_mod.Manifest | ManifestError
+    *,
+    step: int,
+    objects: StepObjects,
+    manifest: manifest_mod.Manifest | ManifestError,
+    job_uid: str | None = None,
+    keyring: manifest_mod.Keyring | None = None,
 ) -> Verdict:
-    """Do the step's objects match its manifest? Pure."""
+    """Is the manifest this job's own, and do the step's objects match it? Pure."""
     if isinstance(manifest, ManifestError):
         return Verdict(step=step, verified=False, reason=f"manifest unreadable: {manifest.message}")
     if manifest.step != step:
@@ -157,6 +169,9 @@ def verify_step(
             verified=False,
             reason=f"manifest says step {manifest.step}, folder is step {step}",
         )
+    own = manifest_mod.authenticate(manifest, job_uid=job_uid, keyring=keyring)
+    if not own.own:
+        return Verdict(step=step, verified=False, foreign=True, reason=own.reason)
     size_only: list[str] = []
     for entry in manifest.files:
         # Data keys resolve through the manifest: attempt-scoped under
@@ -179,6 +194,8 @@ def verify_step(
                 reason=f"{entry.path} has CRC32C {found.crc32c}, manifest says {entry.crc32c}",
             )
     method: Method = "size" if size_only else "crc32c"
+    if own.signed:
+        method = "size+hmac" if size_only else "crc32c+hmac"
     reason = ""
     if size_only:
         reason = f"{len(size_only)} of {len(manifest.files)} files checked by size only (no full-object CRC32C in the store)"
@@ -225,8 +242,10 @@ def plan_job(
     job: trainingjob.TrainingJob,
     status: jobstatus.TrainingJobStatus,
     observation: Observation,
+    keyring: manifest_mod.Keyring | None = None,
 ) -> RemotePlan:
-    """``plan`` with the job's retention and the writer's reported progress. Pure."""
+    """``plan`` with the job's retention, identity and keyring, and the writer's
+    reported progress. Pure."""
     ckpts = status.checkpoints
     in_flight = frozenset(f.step for f in (ckpts.in_flight or ())) if ckpts else frozenset()
     last_committed = (
@@ -241,6 +260,8 @@ def plan_job(
         last_committed=last_committed,
         aside=observation.aside_steps,
         own_uid8=job.metadata.uid[:8] or None,
+        job_uid=job.metadata.uid or None,
+        keyring=keyring,
     )
 
 
@@ -254,6 +275,8 @@ def plan(
     last_committed: int | None = None,
     aside: frozenset[int] = frozenset(),
     own_uid8: str | None = None,
+    job_uid: str | None = None,
+    keyring: manifest_mod.Keyring | None = None,
 ) -> RemotePlan:
     """Verify every step with a manifest and decide what retention deletes. Pure.
 
@@ -262,6 +285,9 @@ def plan(
     ``protected``: steps never deleted (resumed-from). ``in_flight`` and
     ``last_committed``: the writer's reported in-flight steps and last local
     commit; a manifest-less folder at or above either may still be uploading.
+    ``job_uid`` and ``keyring``: who this job is; only its own (authentic)
+    steps are verified and so ever count for retention. None for both: every
+    manifest is taken as the job's (a caller without identity).
     """
     name = manifest_mod.MANIFEST_NAME
     with_manifest = sorted(step for step, objs in listing.items() if name in objs)
@@ -270,6 +296,8 @@ def plan(
             step=step,
             objects=listing[step],
             manifest=manifests.get(step, ManifestError(message="not read")),
+            job_uid=job_uid,
+            keyring=keyring,
         )
         for step in with_manifest
     )
@@ -367,7 +395,12 @@ def storage_update(
         patch["verifiedStep"] = newest.step
         patch["verifiedTime"] = clock.rfc3339(now)
         patch["verifiedBy"] = newest.method
-        how = "CRC32C" if newest.method == "crc32c" else "size only"
+        how = {
+            "crc32c": "CRC32C",
+            "size": "size only",
+            "crc32c+hmac": "CRC32C, signature",
+            "size+hmac": "size only, signature",
+        }[newest.method or "size"]
         events.append(
             k8stypes.Event(
                 type="Normal",
@@ -378,19 +411,16 @@ def storage_update(
         )
     elif newest is not None and newest.method != before.verified_by:
         patch["verifiedBy"] = newest.method
-    corrupt = [v.step for v in result.failed][-jobstatus.REMOTE_STEPS_LIMIT :]
-    known_corrupt = set(before.corrupt_steps or ())
+    corrupt = [v.step for v in result.failed if not v.foreign][-jobstatus.REMOTE_STEPS_LIMIT :]
+    foreign = [v.step for v in result.failed if v.foreign][-jobstatus.REMOTE_STEPS_LIMIT :]
+    known = set(before.corrupt_steps or ()) | set(before.foreign_steps or ())
     for verdict in result.failed:
-        if verdict.step not in known_corrupt:
-            events.append(
-                k8stypes.Event(
-                    type="Warning",
-                    reason="VerificationFailed",
-                    message=f"step {verdict.step} failed verification: {verdict.reason}",
-                )
-            )
+        if verdict.step not in known:
+            events.append(_failed_event(verdict))
     if corrupt != list(before.corrupt_steps or []):
         patch["corruptSteps"] = corrupt or None
+    if foreign != list(before.foreign_steps or []):
+        patch["foreignSteps"] = foreign or None
     remote_steps = list(result.kept)[-jobstatus.REMOTE_STEPS_LIMIT :]
     if remote_steps != list(before.remote_steps or []):
         patch["remoteSteps"] = remote_steps
@@ -404,6 +434,21 @@ def storage_update(
             )
         )
     return (patch or None), tuple(events)
+
+
+def _failed_event(verdict: Verdict) -> k8stypes.Event:
+    if verdict.foreign:
+        return k8stypes.Event(
+            type="Warning",
+            reason="ForeignCheckpoint",
+            message=f"step {verdict.step} in S3 is not this job's own ({verdict.reason}):"
+            " kept, never deleted or loaded as latest",
+        )
+    return k8stypes.Event(
+        type="Warning",
+        reason="VerificationFailed",
+        message=f"step {verdict.step} failed verification: {verdict.reason}",
+    )
 
 
 PassKind = Literal["periodic", "final"]

@@ -211,7 +211,7 @@ def patch(
     now: datetime.datetime,
 ) -> k8stypes.StatusPatch:
     """The merge patch for /status (operator-owned fields only)."""
-    return {
+    out: k8stypes.StatusPatch = {
         "phase": decision.phase,
         "observedGeneration": metadata.generation,
         "attempt": decision.attempt,
@@ -229,3 +229,8 @@ def patch(
             now=now,
         ),
     }
+    if decision.resume_applied is not None:
+        out["resumeApplied"] = decision.resume_applied.model_dump(
+            mode="json", by_alias=True, exclude_none=True
+        )
+    return out

@@ -10,10 +10,14 @@ import datetime
 import json
 import pathlib
 import sys
+import time
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
-from cairn.kubectl_plugin import kube, views
+from cairn.kubectl_plugin import kube, resume, views
+
+SUSPEND_POLL_SECONDS = 1.0
+CONFLICT_RETRIES = 5
 
 
 def _now() -> datetime.datetime:
@@ -49,25 +53,62 @@ def _checkpoints(k: kube.Kube, options: argparse.Namespace, out: TextIO) -> int:
 
 
 def _resume(k: kube.Kube, options: argparse.Namespace, out: TextIO) -> int:
-    job = k.get_job(options.job)
-    phase = views.parse_status(job).phase
-    if phase in ("Succeeded", "Failed"):
-        out.write(
-            f"trainingjob {options.job} is {phase}: a finished job does not start again;"
-            " create a new job with spec.checkpoint.resume\n"
-        )
-        return 1
-    suspended = bool(job.get("spec", {}).get("suspend"))
-    for patch in views.resume_patches(
-        step=options.from_step, suspended=suspended, keep_suspended=options.keep_suspended
-    ):
-        k.patch_job(options.job, patch)
-    state = "left suspended" if options.keep_suspended else "resuming"
+    """Set the target and unsuspend; a running job is suspended first (the
+    operator takes a final checkpoint) and unsuspended once it is Suspended."""
+    step: int = options.from_step
+    keep: bool = options.keep_suspended
+    suspended, patched = _patch_resume(k, options)
+    if not suspended and not keep:
+        _wait_suspended(k, options, generation=patched["metadata"]["generation"])
+        k.patch_job(options.job, resume.UNSUSPEND)
+    state = "left suspended" if keep else "resuming"
     out.write(
-        f"trainingjob.cairn.dev/{options.job} patched: resume from step {options.from_step}, {state}"
+        f"trainingjob.cairn.dev/{options.job} patched: resume from step {step}, {state}"
         f" (field manager {views.FIELD_MANAGER})\n"
     )
     return 0
+
+
+def _patch_resume(k: kube.Kube, options: argparse.Namespace) -> tuple[bool, dict[str, Any]]:
+    """Check, then patch at the version checked; a job changed in between
+    (409) is read and checked again, a few times. (Was it suspended, the job.)"""
+    for tries_left in reversed(range(CONFLICT_RETRIES)):
+        job = k.get_job(options.job)
+        reason = resume.refusal(name=options.job, job=job, step=options.from_step)
+        if reason is not None:
+            raise kube.PluginError(reason)
+        suspended = bool(job.get("spec", {}).get("suspend"))
+        keep: bool = options.keep_suspended
+        edit = resume.edit_patch(
+            step=options.from_step,
+            request=resume.request_id(_now()),
+            resource_version=job["metadata"]["resourceVersion"],
+            suspend=(None if keep else False) if suspended else True,
+        )
+        try:
+            return suspended, k.patch_job(options.job, edit)
+        except kube.ConflictError:
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _wait_suspended(k: kube.Kube, options: argparse.Namespace, *, generation: int) -> None:
+    """Until the operator reports the suspension of ``generation``, or the deadline."""
+    deadline = time.monotonic() + options.timeout
+    while True:
+        job = k.get_job(options.job)
+        if resume.suspended_at(job, generation=generation):
+            return
+        if time.monotonic() >= deadline:
+            phase = (job.get("status") or {}).get("phase")
+            raise kube.PluginError(
+                f"trainingjob {options.job} is suspending with resume step {options.from_step}"
+                f" set, but not Suspended within {options.timeout:g}s (phase {phase});"
+                " it resumes from that step once unsuspended: kubectl patch trainingjob"
+                f' {options.job} --type merge -p \'{{"spec":{{"suspend":false}}}}\''
+            )
+        time.sleep(SUSPEND_POLL_SECONDS)
 
 
 def _logs(k: kube.Kube, options: argparse.Namespace, out: TextIO) -> int:
@@ -132,16 +173,26 @@ def parser() -> argparse.ArgumentParser:
     ckpt.add_argument("-o", "--output", choices=("table", "json"), default="table")
     ckpt.set_defaults(run=_checkpoints)
 
-    resume = commands.add_parser(
+    again = commands.add_parser(
         "resume",
-        help="resume from a checkpoint step (merge patch of spec.suspend and spec.checkpoint.resume)",
+        help="resume from a committed step: the next attempt loads it, later ones the newest"
+        " (merge patch of spec.suspend and spec.checkpoint.resume; see docs/kubectl-plugin.md)",
     )
-    resume.add_argument("job")
-    resume.add_argument("--from-step", type=int, required=True, metavar="N")
-    resume.add_argument(
-        "--keep-suspended", action="store_true", help="set the step but leave the job suspended"
+    again.add_argument("job")
+    again.add_argument("--from-step", type=int, required=True, metavar="N")
+    again.add_argument(
+        "--keep-suspended",
+        action="store_true",
+        help="set the step but leave (or make) the job suspended",
     )
-    resume.set_defaults(run=_resume)
+    again.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long a running job may take to suspend (default 600)",
+    )
+    again.set_defaults(run=_resume)
 
     logs = commands.add_parser("logs", help="trainer logs of the current attempt's pods")
     logs.add_argument("job")

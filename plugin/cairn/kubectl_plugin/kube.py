@@ -24,6 +24,10 @@ class PluginError(Exception):
     """A failure to report in one line (exit code 1)."""
 
 
+class ConflictError(PluginError):
+    """The object changed since it was read (HTTP 409 on a resourceVersion precondition)."""
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class Kube:
     api: client.ApiClient
@@ -82,7 +86,8 @@ class Kube:
             detail = error.body if isinstance(error.body, str) else error.reason
             with contextlib.suppress(TypeError, ValueError, AttributeError):
                 detail = json.loads(error.body).get("message", detail)
-            raise PluginError(f"patching trainingjob {name}: {detail}") from error
+            kind = ConflictError if error.status == 409 else PluginError
+            raise kind(f"patching trainingjob {name}: {detail}") from error
         return job
 
     def list_pods(self, selector: str) -> list[dict[str, Any]]:

@@ -38,13 +38,13 @@ def operator_verified(status: jobstatus.TrainingJobStatus) -> frozenset[int]:
     """Steps the operator read back from S3 and found matching their manifest.
 
     ``status.storage`` (operator-owned): every step in ``remoteSteps`` that is
-    not in ``corruptSteps`` passed verification, and ``verifiedStep`` is the
-    newest of them.
+    not in ``corruptSteps`` or ``foreignSteps`` (not the job's own: kept, not
+    verified) passed verification, and ``verifiedStep`` is the newest of them.
     """
     storage = status.storage
     if storage is None:
         return frozenset()
-    corrupt = set(storage.corrupt_steps or ())
+    corrupt = set(storage.corrupt_steps or ()) | set(storage.foreign_steps or ())
     steps = {s for s in storage.remote_steps or () if s not in corrupt}
     if storage.verified_step is not None:
         steps.add(storage.verified_step)
@@ -181,30 +181,6 @@ def checkpoints_table(rows: Sequence[CheckpointRow], *, now: datetime.datetime) 
             for row in rows
         ],
     )
-
-
-def resume_patches(*, step: int, suspended: bool, keep_suspended: bool) -> list[dict[str, Any]]:
-    """The JSON merge patches that make the job resume from ``step``, in order.
-
-    Only ``spec.suspend`` and ``spec.checkpoint.resume`` are sent, so a GitOps
-    controller's other fields are untouched. ``resume`` is a one-of, so the
-    other forms are nulled. The CRD makes ``checkpoint`` immutable unless the
-    old or the new object is suspended: a running job is suspended in the
-    same patch as the edit (the operator takes a final checkpoint), then
-    unsuspended, which starts a new attempt.
-    """
-    edit: dict[str, Any] = {
-        "spec": {
-            "suspend": True,
-            "checkpoint": {"resume": {"step": step, "latest": None, "none": None, "uri": None}},
-        }
-    }
-    if suspended and keep_suspended:
-        del edit["spec"]["suspend"]
-    patches = [edit]
-    if not keep_suspended:
-        patches.append({"spec": {"suspend": False}})
-    return patches
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -24,6 +24,7 @@ from torch.distributed import fsdp
 from torch.distributed.checkpoint import state_dict as dcp_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
+from cairn.api import manifest as manifest_mod
 from cairn.checkpoint import layout, options, state
 from cairn.checkpoint import manager as manager_mod
 
@@ -125,6 +126,8 @@ def main() -> None:
         upload_retry_seconds=cfg.get("upload_retry", 2.0),
         attempt=cfg.get("attempt", 0),
         job_uid=cfg.get("job_uid"),
+        # The job's keyring file content (as the operator's Secret holds it).
+        manifest_keyring=manifest_mod.parse_keyring(cfg["keyring"]) if cfg.get("keyring") else None,
         s3=s3,
         timeout_seconds=cfg.get("timeout", 60.0),
     )
@@ -149,6 +152,7 @@ def main() -> None:
                     "step": event.step,
                     "rank": event.rank,
                     "message": event.message,
+                    "time": time.time(),
                 }
             )
 
@@ -181,6 +185,7 @@ def main() -> None:
             train.step = step
             train.tokens_seen += BATCH * world
             result["losses"][str(step)] = loss.item()
+            result.setdefault("step_times", {})[str(step)] = time.time()
             if cfg.get("step_file"):  # the step this rank finished (before it may save)
                 pathlib.Path(cfg["step_file"]).with_suffix(f".{rank}").write_text(str(step))
             if pending_save is not None:

@@ -59,6 +59,8 @@ pytestmark = [
 
 UID_A = "aaaaaaaa-0000-4000-8000-000000000001"
 UID_B = "bbbbbbbb-0000-4000-8000-000000000002"
+NOT_CAIRN = "example.com/not-cairn"
+"""spec.managedBy of jobs this module plays the operator for (the shared one leaves them alone)."""
 
 
 def crcs(root: pathlib.Path) -> dict[str, str]:
@@ -371,13 +373,24 @@ def namespace(devcluster: DevclusterHandle) -> Iterator[str]:
 
 
 def _fenced_job(custom: client.CustomObjectsApi, namespace: str) -> str:
-    """A suspended TrainingJob (an operator creates no pods for it); its UID."""
+    """A TrainingJob that another controller manages; its UID.
+
+    The test plays the operator (it sets `status.attempt` itself), so the
+    devcluster's shared Cairn operator must not reconcile the job and write its
+    own attempt back between the test's patch and the fence check: with
+    `spec.managedBy` naming another controller it leaves the job alone.
+    """
     group, version = trainingjob.API_VERSION.split("/")
     body = {
         "apiVersion": trainingjob.API_VERSION,
         "kind": "TrainingJob",
         "metadata": {"name": "fenced"},
-        "spec": {"suspend": True, "nodes": 1, "image": "cairn-trainer:dev"},
+        "spec": {
+            "suspend": True,
+            "nodes": 1,
+            "image": "cairn-trainer:dev",
+            "managedBy": NOT_CAIRN,
+        },
     }
     created = custom.create_namespaced_custom_object(
         group, version, namespace, trainingjob.PLURAL, body

@@ -4,9 +4,12 @@ Covers, with a real TokenRequest token of the `<job>-trainer` ServiceAccount
 the operator created and the API server's RBAC authorizer: the token can get
 and patch its own job's /status (the writer's path; the patch lands), but
 gets 403 patching another job's /status, 403 on its own job's spec (main
-resource), and 403 listing or reading Secrets.
+resource), and 403 listing or reading Secrets, its own job's manifest-key
+Secret and another job's included (the key reaches the ranks only as a
+mounted file; issue 19).
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -80,4 +83,7 @@ def test_token_reaches_only_its_own_status(kube: Kube) -> None:
     )
     _forbidden(lambda: core.list_namespaced_secret(ns))
     _forbidden(lambda: core.read_namespaced_secret("s3", ns))
+    for key_secret in ("mine-manifest-key", "theirs-manifest-key"):
+        kube.core.read_namespaced_secret(key_secret, ns)  # it exists, and the token...
+        _forbidden(functools.partial(core.read_namespaced_secret, key_secret, ns))
     assert "step" not in kube.status("theirs")

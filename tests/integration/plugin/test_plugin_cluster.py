@@ -3,10 +3,14 @@
 Covers: ``checkpoints`` (history merged with lastCommitted/lastUploaded and
 in-flight steps, as a table and as JSON); ``describe`` (phase, progress,
 checkpoints, last failure, pods, conditions); ``resume --from-step`` on a
-running job (two merge patches of only ``spec.suspend`` and
-``spec.checkpoint.resume`` accepted by the CRD's CEL transition rules, owned
-by the ``kubectl-cairn`` field manager; the other one-of forms cleared) and
-with ``--keep-suspended`` on a suspended job; refusing a finished job;
+running job (suspend + edit, then, once the job reports Suspended at that
+generation, unsuspend: merge patches of only ``spec.suspend``,
+``spec.checkpoint.resume`` and the resume-request annotation accepted by the
+CRD's CEL transition rules, owned by the ``kubectl-cairn`` field manager; the
+other one-of forms cleared), a running job that never gets Suspended (a
+clear error, left suspended with the target), and with ``--keep-suspended``
+on a suspended job; refusing a finished job and a step that is not
+committed (rotated, corrupt, unknown: the job untouched);
 ``logs`` of the current attempt (all ranks prefixed, one ``--rank``, an
 older ``--attempt``) from real pods run by the node agent; a missing job;
 and kubectl's plugin discovery running ``kubectl cairn`` from ``PATH``.
@@ -22,11 +26,14 @@ import pathlib
 import stat
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
 
+from cairn.api import checkpointspec
 from cairn.kubectl_plugin import cli
 from tests.conftest import DevclusterHandle
 from tests.integration.devcluster import kube_helpers
@@ -34,6 +41,7 @@ from tests.integration.devcluster import kube_helpers
 from . import conftest
 
 pytestmark = pytest.mark.cluster
+RESUME_REQUEST = checkpointspec.RESUME_REQUEST_ANNOTATION
 
 STATUS: dict[str, Any] = {
     "phase": "Running",
@@ -149,8 +157,31 @@ def test_describe(devcluster: DevclusterHandle, namespace: str, running_job: str
     assert "Ready   True" in out
 
 
+def _act_as_operator_on_suspend(devcluster: DevclusterHandle, namespace: str, name: str) -> None:
+    """What the operator does once it sees spec.suspend: report Suspended at that generation."""
+    api = conftest.custom(devcluster)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        job = api.get_namespaced_custom_object(
+            "cairn.dev", "v1alpha1", namespace, "trainingjobs", name
+        )
+        if job["spec"].get("suspend"):
+            generation = job["metadata"]["generation"]
+            status = {"phase": "Suspended", "observedGeneration": generation}
+            conftest.patch_status(devcluster, namespace, name, status)
+            return
+        time.sleep(0.2)
+
+
 def test_resume_running_job(devcluster: DevclusterHandle, namespace: str, running_job: str) -> None:
-    code, out = run(devcluster, namespace, "resume", running_job, "--from-step", "30")
+    operator = threading.Thread(
+        target=_act_as_operator_on_suspend, args=(devcluster, namespace, running_job)
+    )
+    operator.start()
+    try:
+        code, out = run(devcluster, namespace, "resume", running_job, "--from-step", "30")
+    finally:
+        operator.join()
     assert (code, out) == (
         0,
         f"trainingjob.cairn.dev/{running_job} patched: resume from step 30, resuming"
@@ -161,12 +192,57 @@ def test_resume_running_job(devcluster: DevclusterHandle, namespace: str, runnin
     )
     assert job["spec"]["checkpoint"]["resume"] == {"step": 30}
     assert job["spec"]["suspend"] is False
-    assert job["metadata"]["generation"] == 3  # suspend+edit, then unsuspend
+    assert job["metadata"]["generation"] == 3  # suspend+edit, then unsuspend once Suspended
+    assert RESUME_REQUEST in job["metadata"]["annotations"]
     ours = [m for m in job["metadata"]["managedFields"] if m["manager"] == "kubectl-cairn"]
     assert len(ours) == 1
     owned = ours[0]["fieldsV1"]["f:spec"]
     assert set(owned) == {"f:suspend", "f:checkpoint"}
     assert set(owned["f:checkpoint"]) == {"f:resume"}
+
+
+def test_resume_running_job_that_never_suspends_says_so(
+    devcluster: DevclusterHandle,
+    namespace: str,
+    running_job: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out = run(
+        devcluster, namespace, "resume", running_job, "--from-step", "30", "--timeout", "1"
+    )
+    assert (code, out) == (1, "")
+    err = capsys.readouterr().err
+    assert "is suspending with resume step 30 set, but not Suspended within 1s" in err
+    job = conftest.custom(devcluster).get_namespaced_custom_object(
+        "cairn.dev", "v1alpha1", namespace, "trainingjobs", running_job
+    )
+    # Left in a consistent state: suspended, with the target for the next attempt.
+    assert job["spec"]["suspend"] is True
+    assert job["spec"]["checkpoint"]["resume"] == {"step": 30}
+
+
+@pytest.mark.parametrize("step", ["20", "45", "99"], ids=["rotated", "corrupt", "unknown"])
+def test_resume_refuses_a_step_that_is_not_committed(
+    devcluster: DevclusterHandle,
+    namespace: str,
+    running_job: str,
+    capsys: pytest.CaptureFixture[str],
+    step: str,
+) -> None:
+    api = conftest.custom(devcluster)
+    before = api.get_namespaced_custom_object(
+        "cairn.dev", "v1alpha1", namespace, "trainingjobs", running_job
+    )
+    assert run(devcluster, namespace, "resume", running_job, "--from-step", step) == (1, "")
+    assert f"step {step} is not a committed checkpoint of trainingjob llm" in (
+        capsys.readouterr().err
+    )
+    after = api.get_namespaced_custom_object(
+        "cairn.dev", "v1alpha1", namespace, "trainingjobs", running_job
+    )
+    assert after["spec"] == before["spec"]
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert RESUME_REQUEST not in (after["metadata"].get("annotations") or {})
 
 
 def test_resume_edit_without_suspend_is_what_the_crd_rejects(
@@ -187,7 +263,12 @@ def test_resume_edit_without_suspend_is_what_the_crd_rejects(
 
 def test_resume_keep_suspended(devcluster: DevclusterHandle, namespace: str) -> None:
     conftest.create_job(devcluster, namespace, "parked", suspend=True)
-    conftest.patch_status(devcluster, namespace, "parked", {"phase": "Suspended"})
+    conftest.patch_status(
+        devcluster,
+        namespace,
+        "parked",
+        {"phase": "Suspended", "checkpoints": {"lastCommitted": {"step": 7}}},
+    )
     code, out = run(
         devcluster, namespace, "resume", "parked", "--from-step", "7", "--keep-suspended"
     )
@@ -199,11 +280,15 @@ def test_resume_keep_suspended(devcluster: DevclusterHandle, namespace: str) -> 
     assert job["spec"]["checkpoint"]["resume"] == {"step": 7}
 
 
-def test_resume_refuses_a_finished_job(devcluster: DevclusterHandle, namespace: str) -> None:
+def test_resume_refuses_a_finished_job(
+    devcluster: DevclusterHandle, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     conftest.create_job(devcluster, namespace, "done")
     conftest.patch_status(devcluster, namespace, "done", {"phase": "Succeeded"})
-    code, out = run(devcluster, namespace, "resume", "done", "--from-step", "7")
-    assert code == 1 and "does not start again" in out
+    assert run(devcluster, namespace, "resume", "done", "--from-step", "7") == (1, "")
+    assert "trainingjob done is Succeeded: a finished job does not start again" in (
+        capsys.readouterr().err
+    )
 
 
 def test_missing_job(

@@ -1,10 +1,8 @@
-"""The plugin's pure views (no cluster): ages, sizes, the resume patches, selectors.
+"""The plugin's pure views (no cluster): ages, sizes, selectors, progress.
 
 Covers: kubectl-style ages at each unit boundary; human-readable sizes; the
-merge patches ``resume`` sends for a running job, a suspended job, and
-``--keep-suspended`` (only ``spec.suspend`` and ``spec.checkpoint.resume``;
-the other one-of forms nulled); the pod label selector; the download progress
-line; a step known only from ``lastUploaded``.
+pod label selector; the download progress line; a step known only from
+``lastUploaded``. The resume rules and patches: ``test_resume_rules.py``.
 """
 
 import datetime
@@ -50,26 +48,6 @@ def test_age_unknown() -> None:
 )
 def test_human_bytes(size: int | None, text: str) -> None:
     assert views.human_bytes(size) == text
-
-
-RESUME = {"step": 7, "latest": None, "none": None, "uri": None}
-
-
-def test_resume_running_job_suspends_then_resumes() -> None:
-    assert views.resume_patches(step=7, suspended=False, keep_suspended=False) == [
-        {"spec": {"suspend": True, "checkpoint": {"resume": RESUME}}},
-        {"spec": {"suspend": False}},
-    ]
-
-
-def test_resume_suspended_job() -> None:
-    assert views.resume_patches(step=7, suspended=True, keep_suspended=False) == [
-        {"spec": {"suspend": True, "checkpoint": {"resume": RESUME}}},
-        {"spec": {"suspend": False}},
-    ]
-    assert views.resume_patches(step=7, suspended=True, keep_suspended=True) == [
-        {"spec": {"checkpoint": {"resume": RESUME}}}
-    ]
 
 
 def test_pod_selector() -> None:

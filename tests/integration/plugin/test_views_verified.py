@@ -1,9 +1,10 @@
 """The plugin prefers the operator's S3 verification (``status.storage``).
 
 Covers: ``checkpoints`` marks a step verified when the operator verified it
-(``verifiedStep``, or kept in ``remoteSteps`` and not in ``corruptSteps``)
-although the writer's ``lastUploaded.verified`` is false; ``describe`` says
-"(verified)", shows the verified step and method, and the last S3 error.
+(``verifiedStep``, or kept in ``remoteSteps`` and not in ``corruptSteps`` or
+``foreignSteps``) although the writer's ``lastUploaded.verified`` is false;
+``describe`` says "(verified)", shows the verified step and method, and the
+last S3 error; a foreign step is never shown verified.
 """
 
 import datetime
@@ -49,3 +50,19 @@ def test_describe_shows_the_verified_step() -> None:
     assert "Uploaded:      step 30 to s3://b/p/step-000000030 (verified)" in out
     assert "Verified:      step 30 in S3 (crc32c)" in out
     assert "S3 error:      listing s3://b/p/ failed: SlowDown" in out
+
+
+def test_a_foreign_step_in_s3_is_not_shown_verified() -> None:
+    """A step the operator found not the job's own (``foreignSteps``: forged or
+    another job's, issue 19) is kept in ``remoteSteps`` but never verified."""
+    doc = {
+        **STATUS,
+        "storage": {
+            **STATUS["storage"],
+            "verifiedBy": "crc32c+hmac",
+            "remoteSteps": [10, 20, 30, 40],
+            "foreignSteps": [40],
+        },
+    }
+    status = jobstatus.TrainingJobStatus.model_validate(doc)
+    assert views.operator_verified(status) == frozenset({10, 30})

@@ -159,14 +159,16 @@ def env(devcluster: DevclusterHandle, operator: OperatorProcess) -> Iterator[Env
 
 
 def test_second_job_on_an_owned_prefix_is_refused(env: Env, tmp_path: pathlib.Path) -> None:
-    for step in (10, 20):
-        write_step(env.opts, tmp_path / str(step), step)
     env.create(
         _suspended_job(
             "first",
             checkpoint={"upload": env.upload(), "retention": {"remote": {"keepLast": 5}}},
         )
     )
+    for step in (10, 20):  # the first job's own steps: its UID in their manifests
+        write_step(
+            env.opts, tmp_path / str(step), step, job_uid=env.job("first")["metadata"]["uid"]
+        )
     kh.wait_for(
         lambda: env.claim("first").get("owned") is True,
         timeout=WAIT,

@@ -103,6 +103,9 @@ class Store:
         body = _suspended_job(NAME, checkpoint={"intervalSteps": 5, "upload": upload})
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
 
+    def uid(self) -> str:
+        return str(self.raw()["metadata"]["uid"])
+
     def raw(self) -> dict[str, Any]:
         got: dict[str, Any] = self.custom.get_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, NAME
@@ -169,10 +172,10 @@ class Calls:
 
 
 def test_unchanged_manifest_is_not_read_again(store: Store) -> None:
-    for step in (10, 20, 30):
-        write_step(store.opts, store.tmp, step)
     store.secret(store.opts.secret_key or "")
-    store.create_job()
+    store.create_job()  # first: its steps record its UID
+    for step in (10, 20, 30):
+        write_step(store.opts, store.tmp, step, job_uid=store.uid())
     caches = s3observe.Caches()
     with Calls(store.client()) as calls:
         first = store.one_pass(caches)
@@ -189,7 +192,7 @@ def test_unchanged_manifest_is_not_read_again(store: Store) -> None:
         assert calls.count("ListObjectsV2") == 1
         calls.seen.clear()
 
-        write_step(store.opts, store.tmp, 40)
+        write_step(store.opts, store.tmp, 40, job_uid=store.uid())
         third = store.one_pass(caches)
         assert third.plan is not None and third.plan.verified_steps == (10, 20, 30, 40)
         got = [key for op, key in calls.seen if op == "GetObject" and key.endswith("manifest.json")]
@@ -198,10 +201,10 @@ def test_unchanged_manifest_is_not_read_again(store: Store) -> None:
 
 
 def test_rotated_secret_rebuilds_the_client(store: Store) -> None:
-    write_step(store.opts, store.tmp, 10)
     right = store.opts.secret_key or ""
     store.secret(right)
     store.create_job()
+    write_step(store.opts, store.tmp, 10, job_uid=store.uid())
     caches = s3observe.Caches()
     assert store.one_pass(caches).error is None
     assert store.one_pass(caches).error is None
@@ -221,10 +224,10 @@ def test_rotated_secret_rebuilds_the_client(store: Store) -> None:
 
 
 def test_finished_job_gets_exactly_one_final_pass(store: Store, operator: OperatorProcess) -> None:
-    for step in (10, 20, 30):
-        write_step(store.opts, store.tmp, step)
     store.secret(store.opts.secret_key or "")
     store.create_job()
+    for step in (10, 20, 30):
+        write_step(store.opts, store.tmp, step, job_uid=store.uid())
     # The shared operator records Suspended first; after that it leaves the phase alone.
     kh.wait_for(
         lambda: (store.raw().get("status") or {}).get("phase") == "Suspended",

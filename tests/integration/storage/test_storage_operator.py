@@ -50,8 +50,10 @@ FILES = {"__0_0.distcp": 4000, ".metadata": 300}
 
 
 def write_step(
-    opts: options.S3Options, tmp: pathlib.Path, step: int, *, commit: bool = True
+    opts: options.S3Options, tmp: pathlib.Path, step: int, *, job_uid: str, commit: bool = True
 ) -> dict[str, bytes]:
+    """One step as the writer uploads it for the job `job_uid` (a job whose pods never
+    started has no manifest key: its manifests are judged by job UID, docs/security.md)."""
     s3 = remote.make_client(opts)
     folder = tmp / manifest_mod.step_dir_name(step)
     folder.mkdir(parents=True)
@@ -61,7 +63,7 @@ def write_step(
     entries = tuple(layout.entry_for(folder, n, rank=0) for n in FILES)
     # The layout of an older Cairn: no data_prefix, keys directly under step-N/.
     record = manifest_mod.Manifest(
-        step=step, world_size=1, attempt=1, created_at=0.0, files=entries
+        step=step, world_size=1, attempt=1, created_at=0.0, files=entries, job_uid=job_uid
     )
     remote.upload_files(s3, opts, folder=folder, manifest=record, entries=entries)
     if commit:
@@ -141,9 +143,6 @@ def _run(
     prefix: str,
 ) -> None:
     creds = devcluster.s3_credentials
-    for step in (10, 20, 30):
-        write_step(opts, tmp_path, step)
-    write_step(opts, tmp_path, 15, commit=False)
     devcluster.core.create_namespaced_secret(
         namespace,
         client.V1Secret(
@@ -168,7 +167,20 @@ def _run(
             "onDelete": "Delete",
         },
     )
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    # The steps are the job's own (its UID in their manifests), so the job comes
+    # first, without upload; the prefix gets the job's steps; then upload is
+    # added (a suspended job's checkpoint may change): the first S3 pass sees
+    # the whole prefix at once.
+    full_checkpoint = body["spec"]["checkpoint"]
+    body["spec"]["checkpoint"] = {"intervalSteps": 5}
+    created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    uid = created["metadata"]["uid"]
+    for step in (10, 20, 30):
+        write_step(opts, tmp_path, step, job_uid=uid)
+    write_step(opts, tmp_path, 15, job_uid=uid, commit=False)
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "keep", {"spec": {"checkpoint": full_checkpoint}}
+    )
 
     def status() -> dict[str, Any]:
         job = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "keep")
@@ -197,7 +209,7 @@ def _run(
     assert deleted.message == "deleted steps 10, 20, 15 from S3"
 
     # Step 40: uploaded with an object that does not match its manifest.
-    data = write_step(opts, tmp_path, 40)
+    data = write_step(opts, tmp_path, 40, job_uid=uid)
     s3.put_object(
         Bucket=bucket,
         Key=f"{prefix}/step-000000040/.metadata",

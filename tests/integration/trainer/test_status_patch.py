@@ -31,8 +31,14 @@ def _job() -> dict[str, object]:
         "apiVersion": trainingjob.API_VERSION,
         "kind": "TrainingJob",
         "metadata": {"name": "reported"},
-        # Suspended: an operator watching this namespace creates no pods.
-        "spec": {"suspend": True, "nodes": 1, "image": "cairn-trainer:dev"},
+        # Another controller's job: the shared Cairn operator neither creates
+        # pods nor writes the operator's fields this test sets itself.
+        "spec": {
+            "suspend": True,
+            "nodes": 1,
+            "image": "cairn-trainer:dev",
+            "managedBy": "example.com/not-cairn",
+        },
     }
 
 

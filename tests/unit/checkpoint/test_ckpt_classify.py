@@ -1,8 +1,9 @@
 """The one classification of step folders, start-up clean-up, fence records, lineage rules.
 
 Covers (real temporary folders, no torch processes): `layout.classify` for
-every kind (committed incl. unknown fields and older-Cairn manifests,
-foreign by job UID / plain DCP / another job's marker, unreadable for a newer
+every kind (committed incl. unknown fields; foreign by job UID, by a
+missing job UID (an older Cairn's or a forged manifest: issue #19), plain
+DCP, another job's marker; unreadable for a newer
 version, invalid JSON, a wrong step, an unreadable file; partial_own by
 marker or temporary folder; unknown); start-up deletes only own partials of
 earlier attempts; the commit rename refuses an existing step; the fence file
@@ -34,13 +35,13 @@ def write_manifest(folder: pathlib.Path, step: int, **fields: object) -> None:
 @pytest.mark.parametrize(
     ("fields", "kind"),
     [
-        ({}, "committed"),
+        ({}, "foreign"),
         ({"job_uid": UID, "lineage": "0123abcd-a0", "future_field": [1]}, "committed"),
         ({"job_uid": OTHER}, "foreign"),
         ({"format_version": 2}, "unreadable"),
         ({"step": 9}, "unreadable"),
     ],
-    ids=["older-cairn", "ours-with-unknown-field", "other-job", "newer-version", "wrong-step"],
+    ids=["no-job-uid", "ours-with-unknown-field", "other-job", "newer-version", "wrong-step"],
 )
 def test_classify_by_manifest(tmp_path: pathlib.Path, fields: dict[str, object], kind: str) -> None:
     folder = layout.step_dir(tmp_path, 3)
@@ -121,7 +122,9 @@ def test_start_up_deletes_only_own_partials_of_earlier_attempts(tmp_path: pathli
 
 
 def test_commit_rename_refuses_an_existing_step(tmp_path: pathlib.Path) -> None:
-    record = manifest_mod.Manifest(step=1, world_size=1, attempt=0, created_at=0.0, files=())
+    record = manifest_mod.Manifest(
+        step=1, world_size=1, attempt=0, created_at=0.0, files=(), job_uid=UID
+    )
     first = layout.tmp_step_dir(tmp_path, 1, job_uid=UID, attempt=0)
     first.mkdir()
     layout.commit_folder(first, layout.step_dir(tmp_path, 1), record)

@@ -173,19 +173,17 @@ def test_backoff_doubles_and_is_bounded() -> None:
 
 
 @pytest.mark.parametrize(
-    ("pending", "current", "due_now", "expected"),
+    ("pending", "due_now", "expected"),
     [
-        ([4, 2], 6, True, [2, 4, 6]),
-        ([], 6, True, [6]),
-        ([2, 4], None, True, [2, 4]),  # start-up round
-        ([2, 4], 6, False, []),  # backing off: step 6 joins the backlog
-        ([6], 6, True, [6]),
+        ([6, 4, 2], True, [2, 4, 6]),  # oldest first
+        ([6], True, [6]),
+        ([], True, []),
+        ([2, 4, 6], False, []),  # backing off: new steps join the backlog
+        ([6, 6], True, [6]),
     ],
 )
-def test_plan_round(
-    pending: list[int], current: int | None, due_now: bool, expected: list[int]
-) -> None:
-    assert upload_backlog.plan_round(pending=pending, current=current, due_now=due_now) == expected
+def test_plan_round(pending: list[int], due_now: bool, expected: list[int]) -> None:
+    assert upload_backlog.plan_round(pending=pending, due_now=due_now) == expected
 
 
 def test_failure_message_round_trip() -> None:

@@ -70,8 +70,9 @@ def test_rules_are_least_privilege() -> None:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
         assert not {"nodes", "pods/exec", "configmaps"} & set(rule["resources"])
         if "secrets" in rule["resources"]:
-            # The S3 credentials Secret a job names: read by name, nothing else.
-            assert (rule["resources"], rule["verbs"]) == (["secrets"], ["get"])
+            # The S3 credentials Secret a job names and the job's manifest-key
+            # Secret: read by name; the latter created once. No list/watch/update.
+            assert (rule["resources"], rule["verbs"]) == (["secrets"], ["get", "create"])
             assert rule in rbac.NAMESPACED_RULES
         if rule["resources"] == ["trainingjobs/finalizers"]:
             # OwnerReferencesPermissionEnforcement: children carry blockOwnerDeletion.

@@ -7,6 +7,7 @@ from cairn.api import trainingjob
 from cairn.operator import observe, plan
 
 T0 = datetime.datetime(2026, 11, 22, 12, 0, 0, tzinfo=datetime.UTC)
+JOB_UID = "uid-1"
 
 
 def at(seconds: float) -> datetime.datetime:
@@ -17,7 +18,7 @@ def body(**spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "cairn.dev/v1alpha1",
         "kind": "TrainingJob",
-        "metadata": {"name": "demo", "namespace": "ml", "uid": "uid-1", "generation": 1},
+        "metadata": {"name": "demo", "namespace": "ml", "uid": JOB_UID, "generation": 1},
         "spec": {"image": "cairn-trainer:dev", "nodes": 2, **spec},
     }
 
@@ -47,6 +48,9 @@ def pod(
     phase: observe.PodPhase = "Running",
     **fields: Any,
 ) -> observe.ObservedPod:
+    """One of the job's own pods: the name the operator gives it and the job
+    (``body``'s uid) as its controller ownerReference, as ``builders.pod`` makes it."""
+    fields.setdefault("controller_uid", JOB_UID)
     return observe.ObservedPod(
         name=f"demo-a{attempt}-n{rank}",
         uid=f"pod-{attempt}-{rank}",

@@ -67,6 +67,13 @@ def test_job_children() -> None:
                 "ports": [{"name": "c10d", "port": 29500, "targetPort": 29500, "protocol": "TCP"}],
             },
         },
+        # The manifest keyring: no data here; effects draws the key on create.
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": _meta("demo-manifest-key"),
+            "type": "Opaque",
+        },
     ]
 
 
@@ -146,12 +153,14 @@ def test_pod_with_pvc_upload_overlay_and_user_env() -> None:
                 ("CAIRN_KEEP_LAST", "3"),
                 ("CAIRN_FINAL_CHECKPOINT_GRACE_SECONDS", "120"),
                 ("CAIRN_RESUME_FROM", "step:40"),
+                ("CAIRN_MANIFEST_KEYRING", "/var/run/cairn/manifest-key/keyring.json"),
                 ("CAIRN_REPORT_STATUS", "1"),
                 ("CAIRN_STATUS_INTERVAL_SECONDS", "30"),
                 ("CAIRN_CHECKPOINT_INTERVAL_STEPS", "5"),
                 ("CAIRN_UPLOAD_URI", "s3://cairn-demo/demo"),
                 ("CAIRN_UPLOAD_CONCURRENCY", "8"),
                 ("CAIRN_UPLOAD_ON_FAILURE", "Continue"),
+                ("CAIRN_UPLOAD_STALL_SECONDS", "30"),
                 ("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:8333"),
             ]
         ),
@@ -201,12 +210,25 @@ def test_pod_with_pvc_upload_overlay_and_user_env() -> None:
                             "mountPath": "/checkpoints",
                             "subPath": "demo",
                         },
+                        {
+                            "name": "cairn-manifest-key",
+                            "mountPath": "/var/run/cairn/manifest-key",
+                            "readOnly": True,
+                        },
                         {"name": "data", "mountPath": "/data"},
                     ],
                 }
             ],
             "volumes": [
                 {"name": "cairn-checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}},
+                {
+                    "name": "cairn-manifest-key",
+                    "secret": {
+                        "secretName": "demo-manifest-key",
+                        "defaultMode": 0o444,
+                        "items": [{"key": "keyring.json", "path": "keyring.json"}],
+                    },
+                },
                 {"name": "data", "emptyDir": {}},
             ],
             "nodeSelector": {"pool": "cpu"},
@@ -223,7 +245,17 @@ def test_minimal_pod_multi_proc_has_no_per_process_rank() -> None:
     assert env["PET_NPROC_PER_NODE"] == "4"
     assert "RANK" not in env and "LOCAL_RANK" not in env
     assert env["CAIRN_REPORT_STATUS"] == "0"
-    assert got["spec"]["volumes"] == [{"name": "cairn-checkpoints", "emptyDir": {}}]
+    assert got["spec"]["volumes"] == [
+        {"name": "cairn-checkpoints", "emptyDir": {}},
+        {
+            "name": "cairn-manifest-key",
+            "secret": {
+                "secretName": "demo-manifest-key",
+                "defaultMode": 0o444,
+                "items": [{"key": "keyring.json", "path": "keyring.json"}],
+            },
+        },
+    ]
     assert "command" not in got["spec"]["containers"][0]
     assert not any(k.startswith("AWS_") for k in env)
 

@@ -55,6 +55,7 @@ def test_first_reconcile_starts_attempt_one() -> None:
         ("Role", "demo-status-writer"),
         ("RoleBinding", "demo-status-writer"),
         ("Service", "demo"),
+        ("Secret", "demo-manifest-key"),
         ("Pod", "demo-a1-n0"),
         ("Pod", "demo-a1-n1"),
     ]

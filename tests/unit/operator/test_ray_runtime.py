@@ -61,6 +61,14 @@ def test_ray_pods_run_the_launcher_with_the_ray_env() -> None:
         assert {"name": "ray-gcs", "containerPort": 6379, "protocol": "TCP"} in container["ports"]
         assert {"name": "cairn-ray", "mountPath": "/tmp/ray"} in container["volumeMounts"]
         assert {"name": "cairn-ray", "emptyDir": {}} in pod["spec"]["volumes"]
+        # Head and workers alike: every rank container gets the manifest key.
+        key_mount = {
+            "name": "cairn-manifest-key",
+            "mountPath": podenv.MANIFEST_KEY_DIR,
+            "readOnly": True,
+        }
+        assert key_mount in container["volumeMounts"]
+        assert env[podenv.MANIFEST_KEYRING] == f"{podenv.MANIFEST_KEY_DIR}/keyring.json"
     assert _env(head)[podenv.REPORT_STATUS] == "1"
     assert head["spec"]["automountServiceAccountToken"] is True
     assert worker["spec"]["automountServiceAccountToken"] is False
@@ -76,7 +84,10 @@ def test_torchrun_pods_have_no_ray_parts() -> None:
     env = _env(pod)
     assert env[podenv.RUNTIME] == "torchrun"
     assert not any(name.startswith("CAIRN_RAY_") for name in env)
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["cairn-checkpoints"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == [
+        "cairn-checkpoints",
+        "cairn-manifest-key",
+    ]
     assert [p["name"] for p in builders.service(job)["spec"]["ports"]] == ["c10d"]
 
 

@@ -34,6 +34,7 @@ def _observation(committed: list[int], partial: list[int]) -> s3plan.Observation
                 manifest_mod.FileEntry(path=p, size=s, crc32c=c, rank=0)
                 for p, (s, c) in FILES.items()
             ),
+            job_uid=jobs.JOB_UID,  # the writer records its job (a job with no key Secret)
         )
     for step in partial:
         listing[step] = {"__0_0.distcp": OBJ(size=7)}

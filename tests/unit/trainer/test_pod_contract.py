@@ -4,7 +4,9 @@ Covers: for each example TrainingJob, the operator's pod builder's env is
 resolved the way the node agent (a kubelet) resolves it, and
 `runtime_config.from_env` turns it into the checkpoint options, resume
 target and reporting settings the spec asked for — so the two sides of the
-contract cannot drift apart unnoticed.
+contract cannot drift apart unnoticed. The manifest keyring file the env
+names is the pod's Secret volume (here: a file standing in for the mounted
+Secret, at the path the mount maps to); the trainer reads that keyring.
 """
 
 import pathlib
@@ -12,7 +14,7 @@ import pathlib
 import pytest
 import yaml
 
-from cairn.api import podenv, trainingjob
+from cairn.api import manifest, podenv, trainingjob
 from cairn.devcluster.agent import podspec
 from cairn.operator import builders
 from cairn.trainer import runtime_config
@@ -33,7 +35,9 @@ def _job(path: pathlib.Path) -> trainingjob.TrainingJob:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 @pytest.mark.parametrize("rank", [0, 1])
-def test_operator_env_parses_into_the_spec(path: pathlib.Path, rank: int) -> None:
+def test_operator_env_parses_into_the_spec(
+    path: pathlib.Path, rank: int, tmp_path: pathlib.Path
+) -> None:
     job = _job(path)
     if rank >= job.spec.nodes:
         pytest.skip("single-node job")
@@ -57,7 +61,17 @@ def test_operator_env_parses_into_the_spec(path: pathlib.Path, rank: int) -> Non
         config_maps={},
         base={},
     )
+    # The Secret volume mounted at MANIFEST_KEY_DIR: its file, as the agent writes it.
+    ring = manifest.Keyring(current="k1", keys={"k1": bytes(range(32))})
+    keyring_path = pathlib.PurePosixPath(env[podenv.MANIFEST_KEYRING])
+    assert keyring_path.parent == pathlib.PurePosixPath(podenv.MANIFEST_KEY_DIR)
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == podenv.MANIFEST_KEY_DIR]
+    assert mount.get("readOnly") is True
+    mounted = tmp_path / keyring_path.name  # tmp_path stands for the mounted volume
+    mounted.write_bytes(manifest.dump_keyring(ring))
+    env[podenv.MANIFEST_KEYRING] = str(mounted)
     cfg = runtime_config.from_env(env)
+    assert cfg.checkpoint.manifest_keyring == ring
     spec = job.spec.checkpoint
     assert cfg.job_name == job.metadata.name
     assert cfg.namespace == "team-a"
@@ -81,6 +95,7 @@ def test_operator_env_parses_into_the_spec(path: pathlib.Path, rank: int) -> Non
         assert cfg.checkpoint.s3.uri == upload.uri
         assert cfg.checkpoint.s3.endpoint_url == upload.endpoint
         assert cfg.checkpoint.s3.concurrency == upload.concurrency
+        assert cfg.checkpoint.s3.stall_seconds == upload.stall_seconds
         assert cfg.checkpoint.upload_on_failure == upload.on_failure
         if upload.credentials_secret_ref is not None:
             assert env[podenv.AWS_ACCESS_KEY_ID] == "AKIA-test"

@@ -4,13 +4,15 @@ Rank 0 looks (its volume, and the S3 listing) and broadcasts the list;
 every rank then tries the same copies in the same order
 (`cairn.checkpoint.restore`):
 
-    latest     every step `layout.classify` calls `committed` (this job's,
-               or an older Cairn's), newest first: its local folder, then
-               its S3 copy; foreign, unreadable and unknown folders are
-               logged and never candidates
-    explicit   `resume.step`: that step only (a foreign step or a plain DCP
-               folder too: imported); absent or of a newer format is a
-               ConfigurationError
+    latest     every step `layout.classify` calls `committed` (this job's
+               own: its manifest authenticates with the job's key and UID,
+               `cairn.api.manifest.authenticate`), newest first: its local
+               folder, then its S3 copy (authenticated again when fetched);
+               foreign, unreadable and unknown folders are logged and never
+               candidates
+    explicit   `resume.step`: that step only (a plain DCP folder too:
+               imported); a Cairn manifest that does not authenticate, an
+               absent step or one of a newer format is a ConfigurationError
     uri        `resume.uri`: a Cairn step folder (manifest.json) or a plain
                DCP checkpoint (`.metadata`, verified by listing)
 """
@@ -51,7 +53,7 @@ def _steps(ctx: fetch_mod.Context, step: int | None) -> list[verdict_mod.Copy]:
     """Copies of this job's committed steps, newest first: local, then S3."""
     opts = ctx.opts
     kinds = {
-        n: layout.classify(folder, job_uid=opts.job_uid)
+        n: layout.classify(folder, job_uid=opts.job_uid, keyring=opts.manifest_keyring)
         for n, folder in layout.step_dirs(opts.directory).items()
     }
     remote_steps: set[int] = set()
@@ -89,10 +91,14 @@ def _explicit(
     if kind == "committed":
         copies.append(verdict_mod.Copy(step=step, source="local"))
     elif kind == "foreign":
-        plain = not (
-            layout.step_dir(ctx.opts.directory, step) / manifest_mod.MANIFEST_NAME
-        ).exists()
-        copies.append(verdict_mod.Copy(step=step, source="local", own=False, plain_dcp=plain))
+        folder = layout.step_dir(ctx.opts.directory, step)
+        plain = not (folder / manifest_mod.MANIFEST_NAME).exists()
+        if not plain:
+            raise errors.ConfigurationError(
+                f"requested resume step {step}: {folder} is not this job's own"
+                f" ({_why_not_own(ctx, folder)}); not loaded"
+            )
+        copies.append(verdict_mod.Copy(step=step, source="local", own=False, plain_dcp=True))
     if step in remote_steps:
         copies.append(verdict_mod.Copy(step=step, source="s3"))
     if not copies:
@@ -101,6 +107,13 @@ def _explicit(
             f" (local: {kind or 'absent'}; S3: {'listed' if step in remote_steps else 'absent'})"
         )
     return copies
+
+
+def _why_not_own(ctx: fetch_mod.Context, folder: pathlib.Path) -> str:
+    checked = manifest_mod.authenticate(
+        layout.read_manifest(folder), job_uid=ctx.opts.job_uid, keyring=ctx.opts.manifest_keyring
+    )
+    return checked.reason
 
 
 def _why_unreadable(folder: pathlib.Path) -> str:
@@ -142,7 +155,7 @@ def _uri(ctx: fetch_mod.Context, uri: str) -> verdict_mod.Copy:
         ),
         what=f"reading {uri}/.metadata",
     )
-    problems = foreign.verify_listing(sizes, foreign.read_metadata(folder))
+    problems = foreign.verify_listing(sizes, foreign.read_metadata(folder, sha256=ctx.sha256))
     if problems:
         raise errors.ConfigurationError(f"{uri} is an incomplete DCP checkpoint: {problems[:5]}")
     return verdict_mod.Copy(

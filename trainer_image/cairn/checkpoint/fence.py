@@ -22,19 +22,27 @@ first Ray group are group 0, so their records and checks are unchanged.
 A fence file of ANOTHER job does not block a starting job (a job re-created
 on an old volume starts cleanly and takes the file over); a running writer
 whose file was taken over by another job is refused, since the newer starter
-owns the volume now. When the API server cannot be reached (after bounded
-retries) the API fence logs and lets the local fence and the exclusive
-rename decide: a commit never replaces a committed step either way.
+owns the volume now.
+
+The API server can disappear (a brownout) without stalling training: the
+local commit asks it with a short wait (`commit_wait_seconds`; the read goes
+on in a daemon thread and the next check reuses it) and, unanswered, lets
+the local fence and the exclusive rename decide: a commit never replaces a
+committed step either way. The remote commit (the manifest put, which other
+attempts and jobs see) is stricter: `check_strict` retries (bounded) and,
+when the API server still cannot say, raises `FenceUnverifiedError`, so the
+upload round fails and the put is retried later with backoff.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
 import os
 import pathlib
-import time
+import threading
 import typing
 
 from cairn.checkpoint import errors, layout
@@ -48,6 +56,19 @@ class Fence(typing.Protocol):
     """Refuses (FencedError) a commit by `attempt` that is no longer current."""
 
     def check(self, attempt: int) -> None: ...
+
+
+class FenceUnverifiedError(errors.TransportError):
+    """The API server could not be read: a remote commit must wait."""
+
+
+def check_strict(fence: Fence, attempt: int) -> None:
+    """Before a remote commit: a fence that can be unsure (`ApiFence`) must be sure."""
+    strict = getattr(fence, "check_strict", None)
+    if strict is not None:
+        strict(attempt)
+    else:
+        fence.check(attempt)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -192,12 +213,43 @@ class ApiFence:
     group: int = 0
     """The writer's rank-actor group (Ray, `status.ray.group`); 0 under torchrun."""
     tries: int = 3
+    """Reads before `check_strict` gives up (FenceUnverifiedError)."""
     backoff_seconds: float = 1.0
+    commit_wait_seconds: float = 2.0
+    """How long a local commit waits for the API server's answer."""
+    read_wait_seconds: float = 15.0
+    """How long `check_strict` waits for one read (above the reader's own timeout)."""
+    _pending: concurrent.futures.Future[object] | None = None
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def check(self, attempt: int) -> None:
-        job = self._read()
+        """Local commit: refuses when the API server says so; unanswered, passes."""
+        job = self._read(wait=self.commit_wait_seconds)
         if job is _UNREACHABLE:
+            log.warning(
+                "fence: the API server did not answer within %.0fs; the local fence and the "
+                "exclusive commit decide (the remote commit waits for it)",
+                self.commit_wait_seconds,
+            )
             return
+        self._refuse(job, attempt)
+
+    def check_strict(self, attempt: int) -> None:
+        """Remote commit: the API server must answer (bounded retries), else
+        FenceUnverifiedError: the put waits for a later round."""
+        for index in range(self.tries):
+            job = self._read(wait=self.read_wait_seconds)
+            if job is not _UNREACHABLE:
+                self._refuse(job, attempt)
+                return
+            if index + 1 < self.tries:
+                threading.Event().wait(self.backoff_seconds * (index + 1))
+        raise FenceUnverifiedError(
+            f"attempt {attempt}: the API server could not be read to check the fence; "
+            "the remote commit waits for it"
+        )
+
+    def _refuse(self, job: object, attempt: int) -> None:
         reason = job_stale_reason(
             typing.cast(dict[str, typing.Any] | None, job),
             job_uid=self.job_uid,
@@ -207,23 +259,41 @@ class ApiFence:
         if reason is not None:
             raise errors.FencedError(f"attempt {attempt} may not commit: {reason} (fenced)")
 
-    def _read(self) -> object:
-        for index in range(self.tries):
-            try:
-                return self.get_job()
-            except Exception as exc:  # any transport/API error: bounded retries
-                if index + 1 == self.tries:
-                    log.warning(
-                        "fence: the API server could not be read (%s); the local fence and "
-                        "the exclusive commit decide",
-                        exc,
-                    )
-                    return _UNREACHABLE
-                time.sleep(self.backoff_seconds * (index + 1))
-        return _UNREACHABLE
+    def _read(self, *, wait: float) -> object:
+        """The job, or _UNREACHABLE after `wait` seconds or on any error. One
+        read at a time, in a daemon thread: an unanswered one is reused by
+        the next call instead of piling up connections to a hung server."""
+        with self._lock:
+            if self._pending is None:
+                self._pending = _start_read(self.get_job)
+            pending = self._pending
+        try:
+            job = pending.result(timeout=wait)
+        except concurrent.futures.TimeoutError:
+            return _UNREACHABLE
+        except Exception as exc:  # any transport/API error: unreachable for now
+            log.info("fence: reading the TrainingJob failed: %s", exc)
+            job = _UNREACHABLE
+        with self._lock:
+            if self._pending is pending:
+                self._pending = None
+        return job
 
 
 _UNREACHABLE = object()
+
+
+def _start_read(get_job: GetJob) -> concurrent.futures.Future[object]:
+    future: concurrent.futures.Future[object] = concurrent.futures.Future()
+
+    def read() -> None:
+        try:
+            future.set_result(get_job())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=read, name="cairn-fence-read", daemon=True).start()
+    return future
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -235,3 +305,7 @@ class AllOf:
     def check(self, attempt: int) -> None:
         for fence in self.fences:
             fence.check(attempt)
+
+    def check_strict(self, attempt: int) -> None:
+        for fence in self.fences:
+            check_strict(fence, attempt)

@@ -58,6 +58,9 @@ class Context:
     key_map: foreign.KeyMap | None = None
     objects: typing.Mapping[str, state.Stateful] = dataclasses.field(default_factory=dict)
     """What will be loaded: on a node-local volume it says which files this rank reads."""
+    sha256: str | None = None
+    """`resume.sha256` of an explicit target: its `.metadata` must have this
+    SHA-256 (checked before it is read)."""
 
     @property
     def rank(self) -> int:
@@ -161,13 +164,16 @@ def _fetch_local(ctx: Context, copy: verdict_mod.Copy) -> Fetched:
     if not folder.is_dir():
         return Fetched(report=_report(ctx, "incomplete", f"{folder} is absent on this rank"))
     if copy.plain_dcp:
-        meta = foreign.read_metadata(folder)
+        meta = foreign.read_metadata(folder, sha256=ctx.sha256)
         missing = foreign.verify_folder(folder, meta)
         status: verdict_mod.Status = "incomplete" if missing else "ok"
         return Fetched(
             report=_report(ctx, status, "; ".join(missing[:5])), folder=folder, meta=meta
         )
     manifest = layout.read_manifest(folder)
+    checked = _authentic(ctx, manifest)
+    if copy.own and not checked.own:  # swapped since planning: never loaded as ours
+        return Fetched(report=_report(ctx, "foreign", checked.reason), folder=folder)
     if ctx.shared:
         problems = layout.verify_files(folder, manifest.files[ctx.rank :: ctx.world])
         return Fetched(report=_report_problems(ctx, problems), folder=folder, manifest=manifest)
@@ -176,6 +182,12 @@ def _fetch_local(ctx: Context, copy: verdict_mod.Copy) -> Fetched:
     if not problems:
         problems = layout.verify_files(folder, _needed_entries(ctx, folder, manifest))
     return Fetched(report=_report_problems(ctx, problems), folder=folder, manifest=manifest)
+
+
+def _authentic(ctx: Context, manifest: manifest_mod.Manifest) -> manifest_mod.Authenticity:
+    return manifest_mod.authenticate(
+        manifest, job_uid=ctx.opts.job_uid, keyring=ctx.opts.manifest_keyring
+    )
 
 
 def _metadata_entry(manifest: manifest_mod.Manifest) -> tuple[manifest_mod.FileEntry, ...]:
@@ -187,7 +199,7 @@ def _needed_entries(
 ) -> tuple[manifest_mod.FileEntry, ...]:
     """Node-local: the manifest entries of the files this rank's load reads
     (`folder` holds a verified `.metadata`)."""
-    meta = load.read_metadata(folder)
+    meta = load.read_metadata(folder, manifest=manifest, sha256=ctx.sha256)
     tmpl = load.template(
         ctx.objects,
         rank=ctx.rank,
@@ -238,16 +250,16 @@ def _fetch_remote(ctx: Context, copy: verdict_mod.Copy) -> Fetched:
         fetched.extend(e.path for e in missing if e.path not in fetched)
 
     def manifest_then_share() -> manifest_mod.Manifest | None:
-        raw = remote.get_bytes_or_none(client, bucket, key)
+        raw = remote.get_bytes_or_none(client, bucket, key, within=s3opts.stall_seconds)
         if raw is None:
             raise remote.MissingObjectError(f"s3://{bucket}/{key} is gone")
         found = manifest_mod.parse_manifest(raw)
-        if (
-            copy.own
-            and not ctx.explicit
-            and not layout.owns(found.job_uid, job_uid=ctx.opts.job_uid)
-        ):
-            return None  # another job's step in our prefix: never "latest"
+        checked = _authentic(ctx, found)
+        if copy.own and not checked.own:
+            # Another job's (or a forged) step in our prefix: never loaded
+            # implicitly; an explicit resume.step naming it is refused.
+            not_own[:] = [checked.reason]
+            return None
         wanted[:] = found.files[ctx.rank :: ctx.world] if ctx.shared else _metadata_entry(found)
         obtain(found, wanted)
         if not ctx.shared and not layout.verify_files(folder, tuple(wanted)):
@@ -258,11 +270,11 @@ def _fetch_remote(ctx: Context, copy: verdict_mod.Copy) -> Fetched:
         return found
 
     wanted: list[manifest_mod.FileEntry] = []
+    not_own: list[str] = []
     manifest = remote.retrying(manifest_then_share, what=f"restoring {copy.label}")
     if manifest is None:
-        return Fetched(
-            report=_report(ctx, "foreign", "written by another job"), folder=folder, downloaded=True
-        )
+        why = "; ".join(not_own) or "not this job's own"
+        return Fetched(report=_report(ctx, "foreign", why), folder=folder, downloaded=True)
     problems = layout.verify_files(folder, tuple(wanted))
     return Fetched(
         report=_report_problems(ctx, problems),
@@ -328,7 +340,7 @@ def _fetch_remote_plain(ctx: Context, copy: verdict_mod.Copy) -> Fetched:
 
     if not ctx.shared and ctx.rank != 0:
         download([foreign.DCP_METADATA])  # rank 0 fetched it while planning
-    meta = foreign.read_metadata(folder)
+    meta = foreign.read_metadata(folder, sha256=ctx.sha256)
     sizes = foreign.required_sizes(meta)
     names = ctx.share(sorted(sizes))
     download(names)

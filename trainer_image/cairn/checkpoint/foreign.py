@@ -3,8 +3,12 @@
 A plain DCP checkpoint is a folder with DCP's `.metadata` (a pickled
 `Metadata`) and the data files it references (`__<rank>_<n>.distcp`), and no
 Cairn manifest: no CRC to check, no job identity. What can be verified is:
-`.metadata` parses, and every file it references exists and is at least as
-long as the byte ranges it reads from it (`verify_folder`, `verify_listing`).
+`.metadata` is DCP metadata and nothing else (read as data by
+`cairn.checkpoint.safedcp`, optionally pinned by `resume.sha256`), every file
+it references is a plain name inside the folder that exists and is at least
+as long as the byte ranges it reads from it (`verify_folder`,
+`verify_listing`), and its bytes entries are weights-only data
+(`cairn.checkpoint.vet`).
 
 Its state keys follow the writer's layout, not the trainer's `Stateful`
 names, so they are mapped by one documented rule (`choose_key_map`, pure;
@@ -39,10 +43,10 @@ import typing
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint import filesystem, metadata, state_dict_loader
+from torch.distributed.checkpoint import metadata
 from torch.distributed.checkpoint import state_dict as dcp_state_dict
 
-from cairn.checkpoint import errors, state
+from cairn.checkpoint import errors, safedcp, state
 
 log = logging.getLogger(__name__)
 
@@ -122,18 +126,28 @@ def choose_key_map(
 # -- what can be verified ------------------------------------------------------------
 
 
-def read_metadata(folder: pathlib.Path) -> metadata.Metadata:
-    """DCP's `.metadata` of folder; ConfigurationError when absent or unreadable."""
-    path = folder / DCP_METADATA
-    if not path.is_file():
-        raise errors.ConfigurationError(f"{folder} is not a DCP checkpoint: no {DCP_METADATA}")
+def read_metadata(
+    folder: pathlib.Path,
+    *,
+    allowed: typing.Collection[str] | None = None,
+    sha256: str | None = None,
+) -> metadata.Metadata:
+    """DCP's `.metadata` of folder, read as data (`safedcp`: allow-listed
+    classes, file references inside the folder and, given, in `allowed`;
+    pinned by `sha256`). ConfigurationError when absent, unreadable or refused."""
     try:
-        found = filesystem.FileSystemReader(folder).read_metadata()
-    except Exception as exc:  # unpickling garbage can raise almost anything
-        raise errors.ConfigurationError(f"{path} is not readable DCP metadata: {exc!r}") from exc
-    if not isinstance(found, metadata.Metadata):
-        raise errors.ConfigurationError(f"{path} does not hold DCP metadata")
-    return found
+        return safedcp.read_metadata(folder, allowed=allowed, sha256=sha256)
+    except errors.ConfigurationError:
+        raise
+    except errors.CheckpointError as exc:
+        raise errors.ConfigurationError(f"{folder}: {exc}") from None
+
+
+def present_files(folder: pathlib.Path) -> frozenset[str]:
+    """The regular files of a plain DCP folder (symlinks are not its files)."""
+    return frozenset(
+        path.name for path in folder.iterdir() if path.is_file() and not path.is_symlink()
+    )
 
 
 def required_sizes(meta: metadata.Metadata) -> dict[str, int]:
@@ -249,8 +263,12 @@ def load(
             raise errors.ConfigurationError(f"the checkpoint has no step key {key_map.step!r}")
         template[key_map.step] = _placeholder(meta, key_map.step)
     _check_keys(template, meta)
-    state_dict_loader.load(
-        template, checkpoint_id=folder, process_group=process_group, no_dist=process_group is None
+    safedcp.load(
+        template,
+        folder=folder,
+        meta=meta,
+        allowed=present_files(folder),
+        process_group=process_group,
     )
     dcp_state_dict.set_model_state_dict(
         holder.model, {k: template[f"{key_map.model}{k}"] for k in model_sd}

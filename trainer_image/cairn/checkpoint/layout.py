@@ -104,21 +104,38 @@ def read_manifest(folder: pathlib.Path) -> manifest_mod.Manifest:
         raise errors.CheckpointError(f"{path}: no valid manifest: {exc}") from exc
 
 
-def is_committed(folder: pathlib.Path, *, job_uid: str | None = None) -> bool:
+def is_committed(
+    folder: pathlib.Path,
+    *,
+    job_uid: str | None = None,
+    keyring: manifest_mod.Keyring | None = None,
+) -> bool:
     """Whether folder is a committed step of this job (`classify` says "committed").
 
-    Without `job_uid` (library use) every valid manifest counts as this job's.
+    Without `job_uid` and `keyring` (library use) every valid manifest counts.
     """
-    return classify(folder, job_uid=job_uid) == "committed"
+    return classify(folder, job_uid=job_uid, keyring=keyring) == "committed"
 
 
-def committed_steps(root: pathlib.Path, *, job_uid: str | None = None) -> list[int]:
-    """This job's committed steps under root, oldest first."""
+def committed_steps(
+    root: pathlib.Path,
+    *,
+    job_uid: str | None = None,
+    keyring: manifest_mod.Keyring | None = None,
+) -> list[int]:
+    """This job's committed (authentic) steps under root, oldest first."""
     return sorted(
         step
         for step, folder in step_dirs(root).items()
-        if classify(folder, job_uid=job_uid) == "committed"
+        if classify(folder, job_uid=job_uid, keyring=keyring) == "committed"
     )
+
+
+def own_manifest(
+    manifest: manifest_mod.Manifest, *, job_uid: str | None, keyring: manifest_mod.Keyring | None
+) -> bool:
+    """Whether a manifest is this job's own (`cairn.api.manifest.authenticate`). Pure."""
+    return manifest_mod.authenticate(manifest, job_uid=job_uid, keyring=keyring).own
 
 
 def owns(owner: str | None, *, job_uid: str | None) -> bool:
@@ -130,13 +147,18 @@ def owns(owner: str | None, *, job_uid: str | None) -> bool:
     return owner is None or job_uid is None or owner == job_uid
 
 
-def classify(folder: pathlib.Path, *, job_uid: str | None) -> Kind:
+def classify(
+    folder: pathlib.Path, *, job_uid: str | None, keyring: manifest_mod.Keyring | None = None
+) -> Kind:
     """What a `step-<N>` (or temporary step) folder is, for this job. Never raises.
 
-    committed    a valid manifest of this folder's step, written by this job
-                 (or by an older Cairn, which recorded no job UID)
-    foreign      a valid manifest of another job, or a plain DCP folder
-                 (`.metadata`, no manifest), or another job's writer marker
+    committed    a valid manifest of this folder's step that is this job's own
+                 (`manifest.authenticate`: signed with the job's key when a
+                 `keyring` is given, and recording this job's UID)
+    foreign      a valid manifest that is not this job's own (another job's,
+                 no job UID, unsigned or badly signed while the job has a
+                 key), or a plain DCP folder (`.metadata`, no manifest), or
+                 another job's writer marker
     unreadable   a manifest that cannot be read: newer major version,
                  invalid, wrong step, a symlink, or an OS error reading it
     partial_own  no manifest, provably written by an attempt of this job (its
@@ -144,12 +166,14 @@ def classify(folder: pathlib.Path, *, job_uid: str | None) -> Kind:
     unknown      anything else (no manifest, no marker): kept
     """
     try:
-        return _classify(folder, job_uid=job_uid)
+        return _classify(folder, job_uid=job_uid, keyring=keyring)
     except OSError:
         return "unreadable"
 
 
-def _classify(folder: pathlib.Path, *, job_uid: str | None) -> Kind:
+def _classify(
+    folder: pathlib.Path, *, job_uid: str | None, keyring: manifest_mod.Keyring | None
+) -> Kind:
     tmp = parse_tmp_dir_name(folder.name)
     if tmp is not None:
         # A temporary folder is never committed, even with a manifest inside:
@@ -166,7 +190,8 @@ def _classify(folder: pathlib.Path, *, job_uid: str | None) -> Kind:
             return "unreadable"
         if found.step != step:
             return "unreadable"
-        return "committed" if owns(found.job_uid, job_uid=job_uid) else "foreign"
+        own = own_manifest(found, job_uid=job_uid, keyring=keyring)
+        return "committed" if own else "foreign"
     marker = read_writer_marker(folder)
     if marker is not None:
         return "partial_own" if owns(marker.get("job_uid"), job_uid=job_uid) else "foreign"

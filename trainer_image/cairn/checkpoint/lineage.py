@@ -134,7 +134,11 @@ def check_save(step: int, *, latest: int | None, lineage: str) -> None:
 
 
 def own_remote_steps(
-    client: S3Client, s3opts: options.S3Options, *, job_uid: str | None
+    client: S3Client,
+    s3opts: options.S3Options,
+    *,
+    job_uid: str | None,
+    keyring: manifest_mod.Keyring | None = None,
 ) -> dict[int, manifest_mod.Manifest]:
     """This job's remote committed steps -> their manifest (manifests of others skipped)."""
     found: dict[int, manifest_mod.Manifest] = {}
@@ -151,15 +155,17 @@ def own_remote_steps(
         except ValueError as exc:  # unreadable: not ours to move
             log.warning("remote step %d not considered for the lineage: %s", step, exc)
             continue
-        if layout.owns(doc.job_uid, job_uid=job_uid):
+        if layout.own_manifest(doc, job_uid=job_uid, keyring=keyring):
             found[step] = doc
     return found
 
 
-def own_local_steps(root: pathlib.Path, *, job_uid: str | None) -> dict[int, manifest_mod.Manifest]:
-    """This job's local committed steps -> their manifest."""
+def own_local_steps(
+    root: pathlib.Path, *, job_uid: str | None, keyring: manifest_mod.Keyring | None = None
+) -> dict[int, manifest_mod.Manifest]:
+    """This job's local committed (authentic) steps -> their manifest."""
     found: dict[int, manifest_mod.Manifest] = {}
-    for step in layout.committed_steps(root, job_uid=job_uid):
+    for step in layout.committed_steps(root, job_uid=job_uid, keyring=keyring):
         with contextlib.suppress(errors.CheckpointError):
             found[step] = layout.read_manifest(layout.step_dir(root, step))
     return found
@@ -335,6 +341,8 @@ class Volume:
     rank: int
     client: S3Client | None = None
     s3opts: options.S3Options | None = None
+    keyring: manifest_mod.Keyring | None = None
+    """The job's manifest keys: only authentic steps are superseded (moved)."""
 
 
 def apply_branch(
@@ -354,8 +362,10 @@ def apply_branch(
     if not decision.supersede:
         return
     s3 = (volume.client, volume.s3opts) if volume.client and volume.s3opts else None
-    local = own_local_steps(volume.root, job_uid=volume.job_uid)
-    remote_found = own_remote_steps(*s3, job_uid=volume.job_uid) if s3 else {}
+    local = own_local_steps(volume.root, job_uid=volume.job_uid, keyring=volume.keyring)
+    remote_found = (
+        own_remote_steps(*s3, job_uid=volume.job_uid, keyring=volume.keyring) if s3 else {}
+    )
     if expect is None:
         expect = identities(decision, {**remote_found, **local})
     doc = {
@@ -431,11 +441,14 @@ def begin(
     """
     if coordinator.rank == 0:
         try:
-            own = own_local_steps(volume.root, job_uid=volume.job_uid)
+            own = own_local_steps(volume.root, job_uid=volume.job_uid, keyring=volume.keyring)
             if volume.client is not None and volume.s3opts is not None:
                 try:
                     remote_own = own_remote_steps(
-                        volume.client, volume.s3opts, job_uid=volume.job_uid
+                        volume.client,
+                        volume.s3opts,
+                        job_uid=volume.job_uid,
+                        keyring=volume.keyring,
                     )
                 except errors.RemoteError as exc:
                     # S3 down must not stop a start (uploads queue in the
@@ -466,7 +479,7 @@ def begin(
         raise errors.CheckpointError(f"lineage decision failed on rank 0: {result['error']}")
     decision = Decision.from_json(result["decision"])
     if not shared:
-        local = own_local_steps(volume.root, job_uid=volume.job_uid)
+        local = own_local_steps(volume.root, job_uid=volume.job_uid, keyring=volume.keyring)
         apply_branch(volume, local_supersede(decision, local.keys()), callbacks=callbacks)
     return decision
 

@@ -27,13 +27,13 @@ import pathlib
 import typing
 
 import torch.distributed as dist
-from torch.distributed.checkpoint import default_planner, filesystem, state_dict_loader
+from torch.distributed.checkpoint import default_planner
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 from torch.distributed.tensor import DTensor
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, state
+from cairn.checkpoint import errors, safedcp, state
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,21 @@ def own_part(tmpl: Template, *, rank: int, node_local: bool) -> dict[str, typing
     return {key: value for key, value in flat.items() if key not in skip}
 
 
-def read_metadata(folder: pathlib.Path) -> dcp_metadata.Metadata:
-    return filesystem.FileSystemReader(folder).read_metadata()
+def manifest_files(manifest: manifest_mod.Manifest) -> frozenset[str]:
+    """The only files a Cairn step's `.metadata` may refer to. Pure."""
+    return frozenset(entry.path for entry in manifest.files)
+
+
+def read_metadata(
+    folder: pathlib.Path,
+    *,
+    manifest: manifest_mod.Manifest | None = None,
+    sha256: str | None = None,
+) -> dcp_metadata.Metadata:
+    """The step's `.metadata`, read as data (`safedcp`): its file references
+    confined to the folder and, given the manifest, to the manifest's files."""
+    allowed = None if manifest is None else manifest_files(manifest)
+    return safedcp.read_metadata(folder, allowed=allowed, sha256=sha256)
 
 
 def needed_files(meta: dcp_metadata.Metadata, part: typing.Mapping[str, typing.Any]) -> set[str]:
@@ -141,23 +154,30 @@ def load(
     folder: pathlib.Path,
     *,
     manifest: manifest_mod.Manifest,
+    meta: dcp_metadata.Metadata,
     objects: typing.Mapping[str, state.Stateful],
     rank: int,
     world: int,
     node_local: bool,
     process_group: dist.ProcessGroup | None,
 ) -> Loaded:
-    """DCP-load a verified Cairn step into objects (collective over the group)."""
+    """DCP-load a verified and vetted Cairn step into objects (collective over
+    the group). `meta`: its `.metadata` as `cairn.checkpoint.vet` read it (not
+    read again: what was vetted is what is loaded)."""
     tmpl = template(
         objects,
         rank=rank,
         same_world=manifest.world_size == world,
-        present=state.checkpoint_keys(folder),
+        present=meta.state_dict_metadata.keys(),
     )
     split = node_local and world > 1 and process_group is not None
     part = own_part(tmpl, rank=rank, node_local=split)
-    state_dict_loader.load(
-        part, checkpoint_id=folder, process_group=process_group, no_dist=process_group is None
+    safedcp.load(
+        part,
+        folder=folder,
+        meta=meta,
+        allowed=manifest_files(manifest),
+        process_group=process_group,
     )
     dicts = _with_replicated(tmpl, part, rank=rank, group=process_group) if split else part
     for name, obj in objects.items():

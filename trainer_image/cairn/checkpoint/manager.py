@@ -13,9 +13,11 @@
 
 `save()` snapshots the state dicts into reusable host buffers (DCP's
 `DefaultStager`, asynchronously) and hands the step to one writer thread
-that runs `cairn.checkpoint.pipeline.run_step`. At most one save is in
-flight; a failure in the background is re-raised by the next call on the
-manager, never swallowed. Every rank must make the same calls with the same
+that runs `cairn.checkpoint.pipeline.run_step` (stage, write, commit,
+rotate). Uploads run apart in the upload worker (`cairn.checkpoint.uploader`):
+a save never waits for the store. At most one save is in flight; a failure
+in the background is re-raised by the next call on the manager, never
+swallowed. Every rank must make the same calls with the same
 steps (save decisions that depend on time or signals are agreed through the
 coordinator, see `should_save`).
 """
@@ -56,6 +58,7 @@ from cairn.checkpoint import (
     startup,
     state,
     upload_backlog,
+    uploader,
 )
 from cairn.checkpoint import coordinator as coordinator_mod
 from cairn.checkpoint import fence as fence_mod
@@ -154,8 +157,21 @@ class CheckpointManager:
             if self._s3 is not None
             else None
         )
-        self._backlog_started = False
+        self._uploader: uploader.Uploader | None = None  # (the context below reads it)
+        self._uploader = (
+            uploader.Uploader(
+                backlog=self._backlog,
+                coordinator=self._coord,
+                upload_one=functools.partial(
+                    pipeline.upload_step, self._context(-1, started=time.monotonic())
+                ),
+                timeout=opts.timeout_seconds,
+            )
+            if self._backlog is not None
+            else None
+        )
         self._abandoned: concurrent.futures.Future[None] | None = None
+        self._uploads_abandoned = False
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="cairn-ckpt-writer"
         )
@@ -183,6 +199,7 @@ class CheckpointManager:
         return lineage.Volume(
             root=self._opts.directory,
             job_uid=self._opts.job_uid,
+            keyring=self._opts.manifest_keyring,
             attempt=self._opts.attempt,
             rank=self._rank,
             client=self._s3 if self._rank == 0 else None,
@@ -197,6 +214,7 @@ class CheckpointManager:
             rank=self._rank,
             callbacks=self._callbacks,
             group=self._opts.group,
+            keyring=self._opts.manifest_keyring,
         )
         lineage.finish_pending(self._volume(), callbacks=self._callbacks)
         rotation.rotate(
@@ -259,7 +277,8 @@ class CheckpointManager:
 
         Returns as soon as the state dicts are handed to the stager; call
         `wait_until_staged()` before mutating parameters (optimizer.step()).
-        Waits for the previous save first (at most one in flight).
+        Waits for the previous save's commit and rotation first (at most one
+        in flight), never for an upload.
         """
         self._raise_pending()
         # The lineage is settled before anything else touches S3 (the backlog).
@@ -271,7 +290,7 @@ class CheckpointManager:
         lineage.check_save(step, latest=current.latest, lineage=current.lineage)
         self._lineage = dataclasses.replace(current, latest=step)
         t0 = time.monotonic()
-        self.wait_until_finished()
+        self._finish_writer()
         snapshot = {
             load.state_key(name, obj, self._rank): obj.state_dict() for name, obj in objects.items()
         }
@@ -309,7 +328,33 @@ class CheckpointManager:
         self._raise_pending()
 
     def wait_until_finished(self) -> None:
-        """Block until the in-flight save is committed, uploaded and rotated (bounded)."""
+        """Block until the in-flight save is committed and rotated, and an upload
+        round has tried every committed step (bounded: a hung store fails the
+        round within `stall_seconds`; the step then waits in the backlog)."""
+        self._finish_writer()
+        self._drain_uploads(force=False)
+
+    def _drain_uploads(self, *, force: bool) -> None:
+        deadline = time.monotonic() + self._opts.timeout_seconds
+        uploads = self._uploader
+        if (
+            uploads is not None
+            and not self._uploads_abandoned
+            and not uploads.drain(deadline=deadline, force=force)
+        ):
+            log.warning("rank %d: the upload worker did not finish a round", self._rank)
+        self._raise_upload_error()
+
+    def _raise_upload_error(self) -> None:
+        error = None if self._uploader is None else self._uploader.take_error()
+        if error is None:
+            return
+        if isinstance(error, errors.CheckpointError):
+            raise error
+        raise errors.CheckpointError(f"the upload worker failed: {error!r}") from error
+
+    def _finish_writer(self) -> None:
+        """Block until the in-flight save is committed and rotated; re-raise its failure."""
         inflight = self._inflight
         if inflight is None:
             return
@@ -345,8 +390,9 @@ class CheckpointManager:
         The commit is awaited until the grace period's deadline
         (`agreement.final_deadline`); a final step this rank did not save, or one that
         does not commit in time, raises with the reason instead of being
-        reported as saved. An upload still running at the deadline stays in
-        the upload backlog of the next attempt (the step is committed).
+        reported as saved. Uploads are waited for until the same deadline;
+        steps still not uploaded then are reported (`uploadError`: committed,
+        not uploaded) and stay in the upload backlog of the next attempt.
         """
         final_step = self._agreement.final_step
         if final_step is None or step < final_step:
@@ -356,25 +402,45 @@ class CheckpointManager:
                 f"rank {self._rank}: the final checkpoint step {final_step} was not "
                 f"saved (the training loop did not call save() at that step)"
             )
-        inflight = self._inflight
-        if inflight is None or inflight.step != final_step:
-            return True  # already finished and re-raised nothing
         deadline = self._agreement.deadline()
-        self._wait_committed(inflight, deadline=deadline)
-        try:
-            inflight.done.result(timeout=max(0.0, deadline - time.monotonic()))
-        except concurrent.futures.TimeoutError:
-            log.warning(
-                "final checkpoint step %d is committed; its upload (%s) did not finish "
-                "within the grace period and stays in the upload backlog",
-                inflight.step,
-                inflight.phase,
-            )
-            self._inflight = None
-            self._abandoned = inflight.done
-            return True
-        self.wait_until_finished()
+        inflight = self._inflight
+        if inflight is not None and inflight.step == final_step:
+            self._wait_committed(inflight, deadline=deadline)
+            try:
+                inflight.done.result(timeout=max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                log.warning(
+                    "final checkpoint step %d is committed; its rotation (%s) did not "
+                    "finish within the grace period",
+                    inflight.step,
+                    inflight.phase,
+                )
+                self._inflight = None
+                self._abandoned = inflight.done
+            else:
+                self._finish_writer()
+        self._drain_final(final_step, deadline=deadline)
         return True
+
+    def _drain_final(self, final_step: int, *, deadline: float) -> None:
+        """Wait for uploads only until the final deadline; then say what is left."""
+        if self._uploader is None or self._uploads_abandoned:
+            return
+        drained = self._uploader.drain(deadline=deadline)
+        # The grace deadline governs from here: no rank drains again (in
+        # close() a rank past its deadline would wait for ranks that are not).
+        self._uploads_abandoned = True
+        if drained:
+            self._raise_upload_error()
+            return
+        if self._backlog is not None:
+            self._backlog.report_left(
+                final_step,
+                reason=(
+                    "final checkpoint: the grace period ended before these committed "
+                    "steps were uploaded; they stay on the volume for the next attempt"
+                ),
+            )
 
     # -- discovery and resume ---------------------------------------------------------
 
@@ -384,7 +450,9 @@ class CheckpointManager:
 
     def all_steps(self) -> list[int]:
         """This job's committed local steps, oldest first."""
-        return layout.committed_steps(self._opts.directory, job_uid=self._opts.job_uid)
+        return layout.committed_steps(
+            self._opts.directory, job_uid=self._opts.job_uid, keyring=self._opts.manifest_keyring
+        )
 
     def restore(
         self,
@@ -393,12 +461,14 @@ class CheckpointManager:
         step: int | None = None,
         uri: str | None = None,
         key_map: foreign.KeyMap | None = None,
+        sha256: str | None = None,
     ) -> restore_mod.RestoreResult | None:
         """Load the newest verified committed step (local, else S3) into `objects`.
 
         `step` or `uri` (an S3 step folder or plain DCP checkpoint, imported
         with `key_map` or the documented rule) name an explicit target:
         ConfigurationError when it cannot be loaded, never a fresh start.
+        `sha256` (`resume.sha256`) pins the target's `.metadata` file.
         """
         self.wait_until_finished()
         result = restore_mod.restore(
@@ -412,6 +482,7 @@ class CheckpointManager:
             namespace=f"restore-{next(self._restores)}",
             uri=uri,
             key_map=key_map,
+            sha256=sha256,
         )
         if self._lineage is None:
             self._begin_lineage(
@@ -428,9 +499,14 @@ class CheckpointManager:
             return
         self._closed = True
         try:
-            self.wait_until_finished()
+            self._finish_writer()
+            # A last round retries the whole backlog, backoff or not.
+            self._drain_uploads(force=True)
         finally:
-            # A final upload abandoned at its deadline is not waited for.
+            if self._uploader is not None:
+                # Uploads abandoned at the final deadline are not waited for.
+                self._uploader.stop(wait=0.0 if self._uploads_abandoned else 5.0)
+            # A final rotation abandoned at its deadline is not waited for.
             self._executor.shutdown(wait=self._abandoned is None, cancel_futures=True)
             if self._stager is not None:
                 self._stager.close()
@@ -462,7 +538,8 @@ class CheckpointManager:
             raise errors.CheckpointError("checkpoint manager is closed")
         inflight = self._inflight
         if inflight is not None and inflight.done.done() and inflight.done.exception():
-            self.wait_until_finished()
+            self._finish_writer()
+        self._raise_upload_error()
 
     def _on_event(self, event: events.ProgressEvent) -> None:
         """Track this rank's phases of the step in flight (writer thread)."""
@@ -520,27 +597,17 @@ class CheckpointManager:
             callbacks=self._callbacks,
             started=started,
             shared=self._is_shared(),
-            backlog=self._backlog,
+            uploads=self._uploader,
             lineage=None if self._lineage is None else self._lineage.lineage,
             parent=None if self._lineage is None else self._lineage.parent,
         )
 
     def _start_backlog_once(self) -> None:
-        """At the first training-loop call: upload what earlier attempts
-        committed but did not upload (in the background, like a save)."""
-        if self._backlog is None or self._backlog_started or self._inflight is not None:
-            return
-        self._backlog_started = True
-        ctx = self._context(-1, started=time.monotonic())
-        done = self._executor.submit(
-            self._backlog.run,
-            tag="startup/upload",
-            current=None,
-            upload_one=functools.partial(pipeline.upload_step, ctx),
-        )
-        staged: concurrent.futures.Future[dict[str, typing.Any]] = concurrent.futures.Future()
-        staged.set_result({})
-        self._inflight = _InFlight(step=-1, staged=staged, done=typing.cast(typing.Any, done))
+        """At the first training-loop call (every rank): start the upload
+        worker; its first round uploads what earlier attempts committed but
+        did not upload."""
+        if self._uploader is not None:
+            self._uploader.start()
 
 
 def make_stager(mode: checkpointspec.AsyncMode, *, cuda: bool) -> staging.DefaultStager | None:

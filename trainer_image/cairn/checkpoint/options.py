@@ -12,6 +12,7 @@ import pathlib
 import typing
 
 from cairn.api import checkpointspec, retention
+from cairn.api import manifest as manifest_mod
 
 if typing.TYPE_CHECKING:
     from cairn.checkpoint import fence as fence_mod
@@ -38,7 +39,10 @@ class S3Options:
     read_timeout: float = 30.0
     """A request that receives nothing for this long fails (and is retried)."""
     transfer_timeout: float = 600.0
-    """Bound on a whole upload/download of a rank's files; a stalled transfer fails."""
+    """Bound on a whole upload/download of a rank's files, however slowly it moves."""
+    stall_seconds: float = 30.0
+    """A transfer that moves no bytes for this long is cancelled (the progress
+    watchdog, `checkpoint.upload.stallSeconds`): a hung store fails in seconds."""
 
     def __post_init__(self) -> None:
         if not self.uri.startswith("s3://") or len(self.uri) <= len("s3://"):
@@ -49,6 +53,8 @@ class S3Options:
             raise ValueError("S3Options.part_size must be >= 5 MiB (S3 minimum part size)")
         if self.max_attempts < 1:
             raise ValueError("S3Options.max_attempts must be >= 1")
+        if self.stall_seconds <= 0:
+            raise ValueError("S3Options.stall_seconds must be > 0")
         if (self.access_key is None) != (self.secret_key is None):
             raise ValueError("S3Options.access_key and secret_key go together")
 
@@ -89,6 +95,13 @@ class CheckpointOptions:
     """UID of the TrainingJob (pod env CAIRN_JOB_UID). Recorded in manifests, the
     fence and folder names; steps of another UID are foreign (kept, never
     loaded as "latest"). None (library use): every step under the root is ours."""
+    manifest_keyring: manifest_mod.Keyring | None = None
+    """The job's manifest keys (the operator's per-job Secret, mounted into the
+    rank containers; pod env CAIRN_MANIFEST_KEYRING names the file). Set: rank
+    0 signs every manifest with the current key, and only manifests that
+    verify with one of the keys are this job's steps. None (library use, a
+    bench without signing): manifests are unsigned and judged by `job_uid`
+    alone (`cairn.api.manifest.authenticate`)."""
     fence: fence_mod.Fence | None = None
     """An extra authority checked by rank 0 before each commit (the API server's
     view of the job, `fence.ApiFence`); the local fence file is always checked."""

@@ -1,4 +1,4 @@
-"""One checkpoint step, top to bottom: stage → write → commit → upload → rotate.
+"""One checkpoint step, top to bottom: stage → write → commit → (upload) → rotate.
 
 `run_step` runs in the writer thread of every rank after `save()` handed it
 the staging future. Ranks agree through the `Coordinator` (never through the
@@ -6,19 +6,23 @@ training process group); DCP's own collectives run on a dedicated gloo group.
 
     stage   wait for the staged copy (host buffers, reused across saves)
     write   dcp.save into the attempt-scoped temporary folder
-            `.step-<N>.tmp-<uid8>-a<attempt>/` (writer marker first, files
-            fsynced), CRC32C of own files, fsync, report files to rank 0
+            `.step-<N>.tmp-<uid8>-a<attempt>/` (writer marker first); each
+            file's CRC32C counted while written, the file fsynced once on
+            close (`cairn.checkpoint.writer`); report files to rank 0
     commit  rank 0: every rank reported → fences (local file, API server)
             → manifest.json written last into the temporary folder →
             rename to step-<N>/ (refused if it exists) → broadcast; on
             node-local volumes every rank then commits its own folder the
             same way with the manifest rank 0 broadcast
-    upload  each rank uploads its own files to attempt-scoped keys
+    upload  handed to the upload worker (`cairn.checkpoint.uploader`), so
+            the save never waits for the store; there, `upload_step`: each
+            rank uploads its own files to attempt-scoped keys
             (`step-<N>/<data_prefix>/...`, full-object CRC32C checked by the
-            server) → reports → rank 0 checks the fences, puts the manifest
+            server) → reports → rank 0 checks the fences (the API server's
+            strictly: an unreachable one defers the put), puts the manifest
             last (If-None-Match) → marks the step uploaded
     rotate  `cairn.checkpoint.rotation`: rank 0 on a shared volume, every
-            rank on its own node-local volume
+            rank on its own node-local volume; a step not uploaded yet is kept
     finish  rank 0 broadcasts "finished"; no rank starts the next save
             before, so rotation never races a new step folder
 """
@@ -29,7 +33,6 @@ import base64
 import concurrent.futures
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
 import pathlib
@@ -39,7 +42,7 @@ import typing
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint import filesystem, state_dict_saver
+from torch.distributed.checkpoint import state_dict_saver
 
 from cairn.api import manifest as manifest_mod
 from cairn.checkpoint import (
@@ -52,7 +55,8 @@ from cairn.checkpoint import (
     options,
     remote,
     rotation,
-    upload_backlog,
+    uploader,
+    writer,
 )
 from cairn.checkpoint import coordinator as coordinator_mod
 from cairn.checkpoint import fence as fence_mod
@@ -85,8 +89,8 @@ class StepContext:
     """Lineage id recorded in the manifest (`cairn.checkpoint.lineage`)."""
     parent: manifest_mod.Parent | None = None
     """The step the lineage branched from, recorded in its manifests."""
-    backlog: upload_backlog.Backlog | None = None
-    """The manager's upload backlog (None without S3)."""
+    uploads: uploader.Uploader | None = None
+    """The manager's upload worker (None without S3): told of each commit."""
 
 
 def _emit(ctx: StepContext, phase: events.Phase, **kw: typing.Any) -> None:
@@ -136,19 +140,21 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
             tmp.mkdir(parents=True, exist_ok=True)
             # Before any data: proof that this job's attempt wrote here.
             layout.write_writer_marker(tmp, job_uid=ctx.opts.job_uid, attempt=ctx.opts.attempt)
-            writer = filesystem.FileSystemWriter(
-                tmp, sync_files=True, thread_count=ctx.opts.write_threads
-            )
+            # One pass: each file's CRC32C is counted while DCP writes it,
+            # and the file is fsynced once when closed (cairn.checkpoint.writer).
+            dcp_writer = writer.ChecksummingWriter(tmp, thread_count=ctx.opts.write_threads)
             state_dict_saver.save(
                 state,
-                storage_writer=writer,
+                storage_writer=dcp_writer,
                 planner=load.save_planner(),
                 process_group=ctx.process_group,
                 no_dist=ctx.process_group is None,
             )
             faults.pause_point("write", rank=rank, step=step)
             dcp_seconds = time.monotonic() - t0
-            entries = [layout.entry_for(tmp, n, rank=rank) for n in own_files(tmp, rank)]
+            entries = writer.entries(
+                tmp, own_files(tmp, rank), rank=rank, written=dcp_writer.checksum_fs.checksums()
+            )
             layout.fsync_dir(tmp)
         except Exception as exc:
             coord.publish(f"{key}/written", {"error": repr(exc)})
@@ -161,7 +167,7 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
             "written",
             seconds=write_seconds,
             bytes=written,
-            message=f"dcp {dcp_seconds:.3f}s, crc32c+fsync {write_seconds - dcp_seconds:.3f}s",
+            message=f"dcp+crc32c+fsync {dcp_seconds:.3f}s, entries {write_seconds - dcp_seconds:.3f}s",
         )
 
         # commit
@@ -169,13 +175,9 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
         manifest = _commit(ctx, tmp=tmp, folder=folder, write_seconds=write_seconds)
         _emit(ctx, "committed", seconds=time.monotonic() - t0, bytes=manifest.total_bytes)
 
-        # upload (this step and the backlog of earlier ones: upload_backlog)
-        if ctx.s3_client is not None and ctx.opts.s3 is not None and ctx.backlog is not None:
-            ctx.backlog.run(
-                tag=f"{key}/upload",
-                current=manifest,
-                upload_one=functools.partial(upload_step, ctx),
-            )
+        # upload: the worker's (this step with the backlog of earlier ones)
+        if ctx.uploads is not None:
+            ctx.uploads.committed(step)
 
         # rotate (cairn.checkpoint.rotation: every rank its own volume,
         # rank 0 alone on a shared one)
@@ -264,7 +266,7 @@ def _build_manifest(
     ctx: StepContext, *, reports: list[dict[str, typing.Any]], write_seconds: float
 ) -> manifest_mod.Manifest:
     files = tuple(manifest_mod.FileEntry.model_validate(f) for rep in reports for f in rep["files"])
-    return manifest_mod.Manifest(
+    manifest = manifest_mod.Manifest(
         step=ctx.step,
         world_size=ctx.coordinator.world_size,
         attempt=ctx.opts.attempt,
@@ -281,6 +283,8 @@ def _build_manifest(
         parent=ctx.parent,
         data_prefix=data_prefix(ctx.opts),
     )
+    keyring = ctx.opts.manifest_keyring  # signed: only authentic steps are ever "latest"
+    return manifest if keyring is None else manifest_mod.sign(manifest, keyring)
 
 
 def _fence_local(ctx: StepContext) -> None:
@@ -290,7 +294,8 @@ def _fence_local(ctx: StepContext) -> None:
 
 
 def _fence(ctx: StepContext) -> None:
-    """Rank 0 before a commit: the local fence file, then the API server's view."""
+    """Rank 0 before a local commit: the local fence file, then the API server's
+    view (bounded: unanswered, the local fence decides; see `fence`)."""
     _fence_local(ctx)
     if ctx.opts.fence is not None:
         ctx.opts.fence.check(ctx.opts.attempt)
@@ -301,7 +306,7 @@ def _commit_here(
 ) -> None:
     """Clear the way (another job's folder is moved aside), then rename into place."""
     if os.path.lexists(folder):
-        kind = layout.classify(folder, job_uid=ctx.opts.job_uid)
+        kind = layout.classify(folder, job_uid=ctx.opts.job_uid, keyring=ctx.opts.manifest_keyring)
         if kind == "partial_own":
             # A deletion of ours interrupted after the manifest went.
             layout.delete_step(folder)
@@ -360,8 +365,10 @@ def upload_step(
         # Rank 0's "uploaded" event stands for the whole step (status, metrics).
         sent = sum(int(report.get("bytes", 0)) for report in reports)
         # Only now, with every rank's files in the bucket, is the step
-        # committed remotely.
-        _fence(ctx)
+        # committed remotely; the API server must confirm (strict fence).
+        _fence_local(ctx)
+        if ctx.opts.fence is not None:
+            fence_mod.check_strict(ctx.opts.fence, ctx.opts.attempt)
         _put_manifest(ctx.s3_client, ctx.opts.s3, manifest)
         layout.mark_uploaded(folder)
     return sent

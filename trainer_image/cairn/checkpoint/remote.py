@@ -4,7 +4,12 @@ Each rank uploads the files it wrote with s3transfer (multipart, parts in
 parallel, files in parallel, native CRC32C checksums that the server checks
 per part). Botocore's standard retry mode retries 5xx, SlowDown and
 connection resets a bounded number of times; a socket read timeout bounds a
-silent request and `transfer_timeout` bounds a whole transfer. The manifest
+silent request and `transfer_timeout` bounds a whole transfer. A hung store
+(a server that accepts connections and moves no bytes) is caught in seconds:
+every transfer has a progress watchdog (`_Watchdog`: no byte moved for
+`stall_seconds` → the transfer is cancelled, its worker threads left to end
+on their own, and the failure names the endpoint), and small requests (the
+manifest, the owner object) run under the same bound (`_bounded`). The manifest
 is written with `If-None-Match: *` so a remote commit never overwrites an
 existing one; stores that reject conditional writes fall back to
 check-then-put. Remote commit = the manifest object exists.
@@ -22,6 +27,7 @@ import contextlib
 import dataclasses
 import logging
 import pathlib
+import threading
 import time
 import typing
 
@@ -30,6 +36,7 @@ import boto3.s3.transfer
 import botocore.config
 import botocore.exceptions
 import s3transfer.exceptions
+import s3transfer.subscribers
 from awscrt import checksums
 
 from cairn.api import manifest as manifest_mod
@@ -82,21 +89,75 @@ def _transfer_config(opts: options.S3Options) -> boto3.s3.transfer.TransferConfi
 
 
 def _abort(manager: typing.Any, futures: list[typing.Any]) -> None:
-    # Cancel each transfer, then wait for the workers: an in-flight request
-    # ends within read_timeout x max_attempts. (TransferManager.shutdown's
-    # own cancel argument is broken in s3transfer 0.19: it passes its
-    # arguments in the wrong order.)
+    # Cancel each transfer; the workers end on their own (a request blocked
+    # on a hung socket within read_timeout x max_attempts) in a daemon
+    # thread, so a hung store never holds the caller. (TransferManager.
+    # shutdown's own cancel argument is broken in s3transfer 0.19: it passes
+    # its arguments in the wrong order.)
     for future in futures:
         future.cancel()
-    manager.shutdown()
+    threading.Thread(target=manager.shutdown, name="cairn-s3-abort", daemon=True).start()
 
 
-def _poll_result(future: typing.Any, deadline: float) -> None:
+class StallError(TimeoutError):
+    """No byte moved for `stall_seconds`: the store hangs (transient)."""
+
+
+class _Watchdog(s3transfer.subscribers.BaseSubscriber):
+    """Notes when the transfers it subscribes to last moved bytes."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def on_progress(self, future: typing.Any, bytes_transferred: int, **kwargs: typing.Any) -> None:
+        if bytes_transferred > 0:  # a retry rewinds with a negative count
+            self.last = time.monotonic()
+
+    def on_done(self, future: typing.Any, **kwargs: typing.Any) -> None:
+        self.last = time.monotonic()  # the next file's clock starts now
+
+
+def stall_message(opts: options.S3Options) -> str:
+    """The reason a watchdog gives (status `uploadError`). Pure."""
+    return f"no progress for {opts.stall_seconds:.0f} s to {opts.endpoint_url or 'AWS S3'}"
+
+
+def _poll_result(
+    future: typing.Any, *, deadline: float, watchdog: _Watchdog, opts: options.S3Options
+) -> None:
     while not future.done():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now - watchdog.last > opts.stall_seconds:
+            raise StallError(stall_message(opts))
+        if now > deadline:
             raise TimeoutError
         time.sleep(0.05)
     future.result()
+
+
+T = typing.TypeVar("T")
+
+
+def _bounded(call: typing.Callable[[], T], *, seconds: float, what: str) -> T:
+    """`call()` in a daemon thread; StallError when it has not returned in
+    `seconds` (a small request to a hung store; the thread ends on its own)."""
+    done: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(call())
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="cairn-s3-request", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if failed:
+        raise failed[0]
+    if not done:
+        raise StallError(f"{what}: no answer for {seconds:.0f} s")
+    return done[0]
 
 
 def crc32c_base64(crc32c_hex: str) -> str:
@@ -124,6 +185,7 @@ def upload_files(
     prefix = data_prefix(step_prefix(opts, manifest.step), manifest)
     step = manifest.step
     manager = boto3.s3.transfer.create_transfer_manager(client, _transfer_config(opts))
+    watchdog = _Watchdog()
     sent = 0
     futures: list[typing.Any] = []
     try:
@@ -136,10 +198,14 @@ def upload_files(
                     opts.bucket,
                     f"{prefix}/{entry.path}",
                     extra_args={"ChecksumCRC32C": crc32c_base64(entry.crc32c)},
+                    subscribers=[watchdog],
                 )
             )
         for future in futures:
-            _poll_result(future, deadline)
+            _poll_result(future, deadline=deadline, watchdog=watchdog, opts=opts)
+    except StallError as exc:
+        _abort(manager, futures)
+        raise errors.RemoteError(f"upload of step {step}: {exc}") from exc
     except TimeoutError as exc:
         _abort(manager, futures)
         raise errors.RemoteError(
@@ -177,10 +243,16 @@ def put_manifest(
     key = f"{step_prefix(opts, manifest.step)}/{manifest_mod.MANIFEST_NAME}"
     crc = base64.b64encode(checksums.crc32c(body).to_bytes(4, "big")).decode()
     try:
-        client.put_object(
-            Bucket=opts.bucket, Key=key, Body=body, IfNoneMatch="*", ChecksumCRC32C=crc
+        _bounded(
+            lambda: client.put_object(
+                Bucket=opts.bucket, Key=key, Body=body, IfNoneMatch="*", ChecksumCRC32C=crc
+            ),
+            seconds=opts.stall_seconds,
+            what=f"manifest upload to {opts.endpoint_url or 'AWS S3'}",
         )
         return
+    except StallError as exc:
+        raise errors.RemoteError(f"manifest upload to {key} failed: {stall_message(opts)}") from exc
     except botocore.exceptions.ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -326,8 +398,6 @@ RESTORE_BACKOFF = Backoff()
 (`S3Options.max_attempts` per request) a dead endpoint fails the restore
 after about 3 x (attempts x timeouts) + 3 s instead of falling back."""
 
-T = typing.TypeVar("T")
-
 
 def retrying(
     fetch: typing.Callable[[], T],
@@ -355,14 +425,21 @@ def retrying(
     raise AssertionError("unreachable: Backoff.rounds >= 1")
 
 
-def get_bytes_or_none(client: S3Client, bucket: str, key: str) -> bytes | None:
+def get_bytes_or_none(
+    client: S3Client, bucket: str, key: str, *, within: float | None = None
+) -> bytes | None:
     """An object's bytes, or None when it does not exist (404).
 
-    Transient failures propagate as botocore errors (for `retrying`); other
+    Transient failures propagate as botocore errors (for `retrying`), an
+    answer missing after `within` seconds as StallError (transient); other
     refusals become RemoteError.
     """
     try:
-        return _get_bytes(client, bucket, key)
+        if within is None:
+            return _get_bytes(client, bucket, key)
+        return _bounded(
+            lambda: _get_bytes(client, bucket, key), seconds=within, what=f"reading {key}"
+        )
     except botocore.exceptions.ClientError as exc:
         if _is_not_found(exc):
             return None
@@ -419,13 +496,19 @@ def download_files(
     targets = [(name, layout.safe_target(folder, name)) for name in names]
     deadline = time.monotonic() + opts.transfer_timeout
     manager = boto3.s3.transfer.create_transfer_manager(client, _transfer_config(opts))
+    watchdog = _Watchdog()
     futures: list[typing.Any] = []
     try:
         for name, target in targets:
             target.parent.mkdir(parents=True, exist_ok=True)
-            futures.append(manager.download(bucket, f"{prefix}/{name}", str(target)))
+            futures.append(
+                manager.download(bucket, f"{prefix}/{name}", str(target), subscribers=[watchdog])
+            )
         for future in futures:
-            _poll_result(future, deadline)
+            _poll_result(future, deadline=deadline, watchdog=watchdog, opts=opts)
+    except StallError as exc:
+        _abort(manager, futures)
+        raise StallError(f"download from s3://{bucket}/{prefix}: {exc}") from exc
     except TimeoutError as exc:
         _abort(manager, futures)
         raise TimeoutError(
@@ -457,7 +540,10 @@ def check_prefix_owner(client: S3Client, opts: options.S3Options, *, job_uid: st
     base = f"{opts.prefix}/" if opts.prefix else ""
     key = f"{base}{s3owner.OWNER_KEY}"
     try:
-        body = retrying(lambda: get_bytes_or_none(client, opts.bucket, key), what=f"reading {key}")
+        body = retrying(
+            lambda: get_bytes_or_none(client, opts.bucket, key, within=opts.stall_seconds),
+            what=f"reading {key}",
+        )
     except errors.RemoteError as exc:
         log.warning("could not read the prefix owner s3://%s/%s: %s", opts.bucket, key, exc)
         return

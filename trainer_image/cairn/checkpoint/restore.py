@@ -9,6 +9,9 @@
       fetch            observe (every rank): ITS share of one copy
                        (`cairn.checkpoint.fetch`; downloads what it lacks
                        from S3, with bounded retries of transient errors)
+      vet              observe (every rank), once a copy verified: its DCP
+                       metadata and bytes entries are data, never code
+                       (`cairn.checkpoint.vet`); agreed like the fetch
       _agree           decide: all ranks' reports → one verdict and one
                        action (`verdict.judge`, `verdict.action`: pure)
       _use / _reject   act: load the first verified copy with DCP (which
@@ -20,7 +23,8 @@
                        None (fresh start) when there was nothing
 
 Nothing here deletes a step. A copy that cannot be read (EACCES on one
-rank, a manifest of a newer format, an absent file) is skipped and kept; a
+rank, a manifest of a newer format, an absent file, metadata or bytes
+entries that are not plain data) is skipped and kept; a
 copy whose bytes differ from its manifest (size, CRC32C) is moved aside
 under `<root>/.cairn/quarantine/` (`cairn.checkpoint.aside`). Transport is
 not verification: when S3 keeps failing after the bounded retries the
@@ -59,6 +63,7 @@ from cairn.checkpoint import (
 from cairn.checkpoint import coordinator as coordinator_mod
 from cairn.checkpoint import fetch as fetch_mod
 from cairn.checkpoint import verdict as verdict_mod
+from cairn.checkpoint import vet as vet_mod
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -98,8 +103,10 @@ class _Tried:
     failed: dict[int, list[str]] = dataclasses.field(default_factory=dict)
     quarantined: list[str] = dataclasses.field(default_factory=list)
     downloaded: list[str] = dataclasses.field(default_factory=list)
+    statuses: dict[int, set[verdict_mod.Status]] = dataclasses.field(default_factory=dict)
 
     def skip(self, copy: verdict_mod.Copy, found: verdict_mod.Verdict, moved: list[str]) -> None:
+        self.statuses.setdefault(copy.step, set()).add(found.status)
         kept = f"quarantined to {', '.join(moved)}" if moved else "kept"
         self.failed.setdefault(copy.step, []).append(
             f"{copy.source} {found.status} ({kept}): {found.reason}"
@@ -119,8 +126,11 @@ def restore(
     namespace: str,
     uri: str | None = None,
     key_map: foreign.KeyMap | None = None,
+    sha256: str | None = None,
 ) -> RestoreResult | None:
     """Load the newest verified committed step (or `step`, or `uri`) into `objects`.
+
+    `sha256` (`resume.sha256`) pins the `.metadata` of the explicit target.
 
     Returns None when there is nothing to resume from. Raises
     ConfigurationError when an explicit target cannot be loaded,
@@ -143,6 +153,7 @@ def restore(
         explicit=step is not None or uri is not None,
         key_map=key_map,
         objects=objects,
+        sha256=sha256 if step is not None or uri is not None else None,
     )
     tried = _Tried()
     for index, copy in enumerate(candidates.plan(ctx, step=step, uri=uri)):
@@ -150,6 +161,11 @@ def restore(
         fetched = fetch_mod.fetch(ctx, copy)
         tried.downloaded.extend(fetched.downloaded_files)
         found = _agree(ctx, key, fetched.report)
+        if found.status == "ok":
+            # Verified bytes are not yet safe ones: metadata and bytes entries
+            # must be data (never run), or the copy is skipped and kept.
+            fetched = vet_mod.vet(ctx, copy, fetched)
+            found = _agree(ctx, f"{key}/vetted", fetched.report)
         if verdict_mod.action(found.status, ours=_ours(ctx, copy, fetched)) == "load":
             result = _use(ctx, copy, fetched, key=key, objects=objects, uri=uri)
             return dataclasses.replace(
@@ -167,6 +183,10 @@ def restore(
 def _give_up(ctx: fetch_mod.Context, tried: _Tried, *, target: str | int | None) -> None:
     """No copy loaded: report every skipped step, then raise or start fresh."""
     skipped = _report_skipped(ctx, tried.failed, loaded=None)
+    if not ctx.explicit:
+        # Steps none of whose copies is this job's own (another job's, forged:
+        # issue #19) are reported above, but never stand in the way of a fresh start.
+        skipped = tuple((s, r) for s, r in skipped if tried.statuses.get(s) != {"foreign"})
     error = verdict_mod.give_up(skipped, explicit=ctx.explicit, target=target)
     if error is not None:
         raise error
@@ -228,7 +248,9 @@ def _ours(ctx: fetch_mod.Context, copy: verdict_mod.Copy, fetched: fetch_mod.Fet
     """A step of this job in its own namespace (only those are ever moved)."""
     if not copy.own or copy.folder_prefix is not None or fetched.manifest is None:
         return False
-    return layout.owns(fetched.manifest.job_uid, job_uid=ctx.opts.job_uid)
+    return layout.own_manifest(
+        fetched.manifest, job_uid=ctx.opts.job_uid, keyring=ctx.opts.manifest_keyring
+    )
 
 
 def _quarantine_local(
@@ -306,9 +328,11 @@ def _use(
         )
     else:
         assert fetched.manifest is not None
+        assert fetched.meta is not None  # vetted
         loaded = load.load(
             folder,
             manifest=fetched.manifest,
+            meta=fetched.meta,
             objects=objects,
             rank=ctx.rank,
             world=ctx.world,

@@ -76,11 +76,16 @@ def present_bytes(folder: pathlib.Path) -> int:
     return total
 
 
-def observe(root: pathlib.Path, *, job_uid: str | None) -> list[Observed]:
-    """This volume's step folders, classified and measured, oldest first."""
+def observe(
+    root: pathlib.Path, *, job_uid: str | None, keyring: manifest_mod.Keyring | None = None
+) -> list[Observed]:
+    """This volume's step folders, classified and measured, oldest first.
+
+    Only authentic steps (`layout.classify` with the job's keyring) are
+    "committed" and so ever rotated; a forged or foreign one is kept."""
     found = []
     for step, folder in sorted(layout.step_dirs(root).items()):
-        kind = layout.classify(folder, job_uid=job_uid)
+        kind = layout.classify(folder, job_uid=job_uid, keyring=keyring)
         found.append(
             Observed(
                 step=step,
@@ -137,7 +142,7 @@ def rotate(
 ) -> Rotation:
     """Observe this volume, ask the pure policy, delete what it allows."""
     job_uid = opts.job_uid
-    observed = observe(opts.directory, job_uid=job_uid)
+    observed = observe(opts.directory, job_uid=job_uid, keyring=opts.manifest_keyring)
     plan = retention.plan_local(
         steps=records(observed),
         in_flight=in_flight,

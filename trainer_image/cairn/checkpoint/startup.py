@@ -22,6 +22,7 @@ import pathlib
 import shutil
 import typing
 
+from cairn.api import manifest as manifest_mod
 from cairn.checkpoint import coordinator as coordinator_mod
 from cairn.checkpoint import events, layout
 from cairn.checkpoint import fence as fence_mod
@@ -47,10 +48,16 @@ class Survey:
     """Folders that are not this job's to delete: reported, left in place."""
 
 
-def observe(root: pathlib.Path, *, job_uid: str | None) -> list[Found]:
+def observe(
+    root: pathlib.Path, *, job_uid: str | None, keyring: manifest_mod.Keyring | None = None
+) -> list[Found]:
     """Every step folder and temporary step folder under root, classified."""
     found = [
-        Found(folder=folder, step=step, kind=layout.classify(folder, job_uid=job_uid))
+        Found(
+            folder=folder,
+            step=step,
+            kind=layout.classify(folder, job_uid=job_uid, keyring=keyring),
+        )
         for step, folder in sorted(layout.step_dirs(root).items())
     ]
     for folder, (step, _, attempt) in sorted(layout.tmp_dirs(root).items()):
@@ -81,11 +88,12 @@ def prepare(
     rank: int,
     callbacks: typing.Sequence[events.ProgressCallback],
     group: int = 0,
+    keyring: manifest_mod.Keyring | None = None,
 ) -> Survey:
     """Fence, classify and clean one volume (see module docstring)."""
     root.mkdir(parents=True, exist_ok=True)
     fence_mod.raise_local(root, job_uid=job_uid, attempt=attempt, group=group)
-    result = survey(observe(root, job_uid=job_uid), attempt=attempt)
+    result = survey(observe(root, job_uid=job_uid, keyring=keyring), attempt=attempt)
     for item in result.delete:
         log.info("removing abandoned partial of this job: %s", item.folder)
         if item.attempt is None:

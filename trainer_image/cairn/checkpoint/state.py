@@ -23,13 +23,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pathlib
 import random
 import typing
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint import filesystem
 from torch.distributed.checkpoint import state_dict as dcp_state_dict
+
+from cairn.checkpoint import safedcp
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,9 @@ def optional_keys(obj: object) -> tuple[str, ...]:
 
 
 def checkpoint_keys(folder: str | os.PathLike[str]) -> set[str]:
-    """The flattened state keys a DCP checkpoint folder holds (`name.key...`)."""
-    meta = filesystem.FileSystemReader(folder).read_metadata()
+    """The flattened state keys a DCP checkpoint folder holds (`name.key...`);
+    `.metadata` is read as data (`cairn.checkpoint.safedcp`), never run."""
+    meta = safedcp.read_metadata(pathlib.Path(folder))
     return set(meta.state_dict_metadata)
 
 

@@ -1,9 +1,11 @@
 """The upload phase with a backlog: committed steps that are not in S3 yet.
 
-A step is committed locally first; its upload can fail (S3 down, credentials
-expired). With `upload_on_failure="Continue"` (the default) training goes
-on: the step stays committed on the volume without its `.uploaded` marker,
-and is retried at later saves and at start-up, oldest first, with
+A step is committed locally first; uploads run apart from saves, in rounds
+of the upload worker (`cairn.checkpoint.uploader`), so a slow or hung store
+never holds a save. An upload can fail (S3 down, credentials expired, no
+progress for `stall_seconds`). With `upload_on_failure="Continue"` (the
+default) training goes on: the step stays committed on the volume without
+its `.uploaded` marker, and is retried in later rounds, oldest first, with
 exponential backoff between rounds. Rank 0 decides what a round tries (pure
 `plan_round` over its volume's not-uploaded committed steps) and broadcasts
 it, so every rank uploads its own files of the same steps in the same order;
@@ -61,22 +63,21 @@ def after_failure(state: Backoff, *, now: float, error: str, initial: float) -> 
     return Backoff(failures=state.failures + 1, next_try=now + wait, last_error=error)
 
 
-def plan_round(*, pending: list[int], current: int | None, due_now: bool) -> list[int]:
-    """Steps a round uploads, oldest first: the backlog plus the step just
-    committed; none while backing off (the new step joins the backlog). Pure."""
+def plan_round(*, pending: list[int], due_now: bool) -> list[int]:
+    """Steps a round uploads, oldest first: every committed step not uploaded
+    yet; none while backing off (new steps wait in the backlog). Pure."""
     if not due_now:
         return []
-    steps = set(pending)
-    if current is not None:
-        steps.add(current)
-    return sorted(steps)
+    return sorted(set(pending))
 
 
-def pending_steps(root: pathlib.Path, *, job_uid: str | None) -> list[int]:
+def pending_steps(
+    root: pathlib.Path, *, job_uid: str | None, keyring: manifest_mod.Keyring | None = None
+) -> list[int]:
     """This job's committed steps on this volume without the uploaded marker."""
     return [
         step
-        for step in layout.committed_steps(root, job_uid=job_uid)
+        for step in layout.committed_steps(root, job_uid=job_uid, keyring=keyring)
         if not layout.is_uploaded(layout.step_dir(root, step))
     ]
 
@@ -108,31 +109,38 @@ class Backlog:
         event = events.ProgressEvent(phase=phase, step=step, rank=self.coordinator.rank, **kw)
         events.emit(self.callbacks, event)
 
-    def _agree(self, tag: str, current: int | None) -> list[int]:
-        coord = self.coordinator
-        if coord.rank != 0:
-            got = coord.wait_for(f"{tag}/plan", timeout=self.opts.timeout_seconds)
-            return [int(s) for s in got["steps"]]
-        job_uid = self.opts.job_uid
-        pending = [s for s in pending_steps(self.opts.directory, job_uid=job_uid) if s != current]
+    def plan(self, *, force: bool) -> list[int]:
+        """Rank 0: the steps of the next round (`force`: ignore the backoff)."""
+        pending = pending_steps(
+            self.opts.directory, job_uid=self.opts.job_uid, keyring=self.opts.manifest_keyring
+        )
         with self.lock:
-            due_now = due(self.state, now=self.clock())
-        steps = plan_round(pending=pending, current=current, due_now=due_now)
-        if not due_now and (pending or current is not None):
+            due_now = force or due(self.state, now=self.clock())
+        if not due_now and pending:
             log.info("upload backlog %s: backing off after %s", pending, self.state.last_error)
-        coord.broadcast(f"{tag}/plan", {"steps": steps})
-        return steps
+        return plan_round(pending=pending, due_now=due_now)
+
+    def pending(self) -> list[int]:
+        """Rank 0: committed steps not uploaded yet (what a round would try)."""
+        return pending_steps(self.opts.directory, job_uid=self.opts.job_uid)
+
+    def next_try(self) -> float | None:
+        """Rank 0: time.monotonic() of the next due round after failures, else None."""
+        with self.lock:
+            return self.state.next_try if self.state.failures else None
 
     def run(
         self,
         *,
         tag: str,
-        current: manifest_mod.Manifest | None,
+        steps: list[int],
         upload_one: UploadOne,
+        ready: typing.Callable[[pathlib.Path], None] = lambda folder: None,
     ) -> list[int]:
-        """One round on every rank (collective); returns the steps uploaded."""
+        """One round of the agreed `steps` on every rank (collective); returns
+        the steps uploaded. `ready(folder)` waits until this rank's copy of a
+        step is committed (node-local volumes commit after rank 0)."""
         coord = self.coordinator
-        steps = self._agree(tag, current.step if current is not None else None)
         done: list[int] = []
         for step in steps:
             t0 = time.monotonic()
@@ -142,11 +150,8 @@ class Backlog:
             fenced: errors.FencedError | None = None
             sent = 0
             try:
-                manifest = (
-                    current
-                    if current is not None and current.step == step
-                    else layout.read_manifest(folder)
-                )
+                ready(folder)
+                manifest = layout.read_manifest(folder)
                 sent = upload_one(folder=folder, manifest=manifest, key=key)
             except errors.FencedError as exc:
                 fenced = exc  # a newer attempt owns the job: not an outage
@@ -199,6 +204,15 @@ class Backlog:
             self._emit("upload_failed", step, message=_failure_message(error, left))
         if self.opts.upload_on_failure == "Fail":
             raise errors.RemoteError(f"upload of step {step} failed: {error}")
+
+    def report_left(self, step: int, *, reason: str) -> list[int]:
+        """Rank 0: report the steps still not uploaded (status `uploadError`)
+        when the worker had to stop waiting (`reason`); returns them."""
+        left = self.pending()
+        if self.coordinator.rank == 0 and left:
+            log.warning("steps %s are committed but not uploaded: %s", left, reason)
+            self._emit("upload_failed", step, message=_failure_message(reason, left))
+        return left
 
 
 BACKLOG_PREFIX = "backlog="

@@ -11,9 +11,13 @@ on. The statuses, from the strongest:
     corrupt     bytes present but their size/CRC32C differ from the manifest:
                 proven; a copy of this job is quarantined (moved aside)
     unreadable  cannot be read (EACCES, newer manifest format, invalid
-                manifest, unsafe path): kept, never deleted; next copy
+                manifest, unsafe path) or refused as not plain data (DCP
+                metadata or bytes entries: `cairn.checkpoint.vet`): kept,
+                never deleted; next copy
     incomplete  a listed file or object is absent: kept; next copy
-    foreign     another job's step (only an explicit target may load it)
+    foreign     not this job's own: another job's step, or a manifest that
+                does not authenticate with the job's key (issue 19); kept,
+                only an explicit import (resume.uri) may load it
     ok          verified: load it
 
 No I/O here; `cairn.checkpoint.restore` does the fetching and acting.

@@ -187,7 +187,11 @@ def _resume(
     if cfg.resume.kind == "none":
         return
     result = ckpt.restore(
-        objects, step=cfg.resume.step, uri=cfg.resume.uri, key_map=cfg.import_keys
+        objects,
+        step=cfg.resume.step,
+        uri=cfg.resume.uri,
+        key_map=cfg.import_keys,
+        sha256=cfg.resume.sha256,
     )
     if result is None:
         log.info("nothing to resume from: starting fresh")

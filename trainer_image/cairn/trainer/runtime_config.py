@@ -15,6 +15,7 @@ import typing
 from collections.abc import Mapping
 
 from cairn.api import checkpointspec, podenv
+from cairn.api import manifest as manifest_mod
 from cairn.checkpoint import foreign, monitor, options
 
 
@@ -55,6 +56,22 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
         raise ValueError(f"{name}={raw!r}: expected a number") from None
 
 
+def _keyring(env: Mapping[str, str]) -> manifest_mod.Keyring | None:
+    """The job's manifest keyring from the file `CAIRN_MANIFEST_KEYRING` names.
+
+    Unset: no key (unsigned manifests, judged by job UID). Set but unreadable
+    or malformed: a ValueError naming the variable (never the key bytes), so
+    a pod whose key did not mount fails at start instead of writing steps
+    that no later attempt would accept."""
+    path = env.get(podenv.MANIFEST_KEYRING, "")
+    if path == "":
+        return None
+    try:
+        return manifest_mod.parse_keyring(pathlib.Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{podenv.MANIFEST_KEYRING}={path!r}: {exc}") from None
+
+
 _T = typing.TypeVar("_T", bound=str)
 
 
@@ -80,6 +97,7 @@ def from_env(
             endpoint_url=env.get(podenv.AWS_ENDPOINT_URL_S3) or None,
             region=env.get(podenv.AWS_REGION) or None,
             concurrency=_int(env, podenv.UPLOAD_CONCURRENCY, 8) or 8,
+            stall_seconds=_float(env, podenv.UPLOAD_STALL_SECONDS) or 30.0,
         )
     attempt = _int(env, podenv.ATTEMPT, 0) or 0
     directory = env.get(podenv.CHECKPOINT_DIR) or str(default_dir or pathlib.Path("checkpoints"))
@@ -94,6 +112,7 @@ def from_env(
         attempt=attempt,
         group=_int(env, monitor.GROUP_ENV, 0) or 0,
         job_uid=env.get(podenv.JOB_UID) or None,
+        manifest_keyring=_keyring(env),
         s3=s3,
         async_mode=_choice(env, podenv.ASYNC_MODE, checkpointspec.AsyncMode, "pinned"),
         upload_on_failure=_choice(
@@ -107,7 +126,9 @@ def from_env(
         attempt=attempt,
         node_rank=_int(env, podenv.NODE_RANK, 0) or 0,
         checkpoint=checkpoint,
-        resume=podenv.parse_resume(env.get(podenv.RESUME_FROM) or "latest"),
+        resume=podenv.parse_resume(
+            env.get(podenv.RESUME_FROM) or "latest", sha256=env.get(podenv.RESUME_SHA256)
+        ),
         report_status=env.get(podenv.REPORT_STATUS) == "1",
         final_checkpoint_grace_seconds=grace,
         status_interval_seconds=_float(env, podenv.STATUS_INTERVAL_SECONDS) or 30.0,
