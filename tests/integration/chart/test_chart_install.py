@@ -222,15 +222,18 @@ ALLOWED = [
     ("create", "services"),
     ("create", "serviceaccounts"),
     ("create", "events"),
-    # The S3 credentials Secret a job names (storage: verification, retention, onDelete).
+    # The S3 credentials Secret a job names (storage: verification, retention, onDelete),
+    # and the job's manifest-key Secret (read by the S3 pass to check signatures).
     ("get", "secrets"),
+    # The job's manifest-key Secret, created once with the job's other children.
+    ("create", "secrets"),
     # spec.ttlSecondsAfterFinished: the operator deletes finished jobs.
     ("delete", "trainingjobs.cairn.dev"),
 ]
 DENIED = [
     ("list", "secrets"),
     ("watch", "secrets"),
-    ("create", "secrets"),
+    ("update", "secrets"),
     ("delete", "secrets"),
     ("update", "trainingjobs.cairn.dev"),
     ("create", "deployments.apps"),

@@ -502,6 +502,7 @@ class CheckpointManager:
             self._finish_writer()
             # A last round retries the whole backlog, backoff or not.
             self._drain_uploads(force=True)
+            self._rotate_after_uploads()
         finally:
             if self._uploader is not None:
                 # Uploads abandoned at the final deadline are not waited for.
@@ -512,6 +513,23 @@ class CheckpointManager:
                 self._stager.close()
             if self._pg is not None:
                 dist.destroy_process_group(self._pg)
+
+    def _rotate_after_uploads(self) -> None:
+        """Rotate once more after the last uploads: the last save's rotation had
+        to keep the steps that were not uploaded yet, and no later save's
+        rotation will release them. Nothing is in flight any more."""
+        if self._uploader is None or self._uploads_abandoned:
+            return
+        if not rotation.rotates_here(rank=self._rank, shared=self._is_shared()):
+            return
+        try:
+            rotation.rotate(
+                self._opts, rank=self._rank, in_flight=frozenset(), callbacks=self._callbacks
+            )
+        except OSError as exc:
+            # The run is done and every step is committed: a volume that cannot
+            # be tidied now is tidied by the next start's rotation, not a failure.
+            log.warning("rank %d: rotation after the last uploads failed: %s", self._rank, exc)
 
     def __enter__(self) -> CheckpointManager:
         return self
