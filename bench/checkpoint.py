@@ -168,7 +168,9 @@ def rank_main(cfg: dict[str, typing.Any]) -> None:
         threads=cfg["write_threads"],
     )
     if cfg["signing"]:
-        result["signing"] = ckpt_baselines.signing_rows(opts, objects, work)
+        result["signing"] = ckpt_baselines.signing_rows(
+            opts, objects, work, rounds=cfg["signing_rounds"]
+        )
     result["events"] = [
         {"phase": e.phase, "step": e.step, "seconds": e.seconds, "bytes": e.bytes, "msg": e.message}
         for e in seen
@@ -223,6 +225,12 @@ def main() -> None:
     parser.add_argument(
         "--signing", action="store_true", help="also write + commit with and without signing"
     )
+    parser.add_argument(
+        "--signing-rounds",
+        type=int,
+        default=2,
+        help="saves of each kind for --signing (the write phase varies more than 2%%)",
+    )
     parser.add_argument("--rank-config", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_config:
@@ -243,6 +251,7 @@ def main() -> None:
             "seed": args.seed,
             "idle_rounds": args.idle_rounds,
             "signing": args.signing,
+            "signing_rounds": args.signing_rounds,
             "s3": {
                 "uri": f"s3://{bucket}/bench",
                 "endpoint_url": server.endpoint_url,

@@ -210,15 +210,19 @@ def async_save_rows(
 
 
 def signing_rows(
-    opts: options.CheckpointOptions, objects: dict[str, state.Stateful], work: pathlib.Path
+    opts: options.CheckpointOptions,
+    objects: dict[str, state.Stateful],
+    work: pathlib.Path,
+    *,
+    rounds: int = 2,
 ) -> dict[str, list[float]]:
-    """Write + commit seconds of the writer unsigned and signed (no S3), 2 saves
-    each, alternating; and the seconds of one `manifest.sign` call on the
+    """Write + commit seconds of the writer unsigned and signed (no S3), `rounds`
+    saves each, alternating; and the seconds of one `manifest.sign` call on the
     step's real manifest (the whole difference signing makes to the step)."""
     keyring = manifest_mod.Keyring(current="bench", keys={"bench": os.urandom(32)})
     kinds = {"unsigned": None, "signed": keyring}
     result: dict[str, list[float]] = {kind: [] for kind in kinds}
-    for n in range(2):
+    for n in range(rounds):
         # ABBA: neither kind always runs second.
         for kind, ring in list(kinds.items())[:: 1 if n % 2 == 0 else -1]:
             seen: list[events.ProgressEvent] = []
