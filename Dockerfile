@@ -9,7 +9,7 @@
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
-# The pinned uv (scripts/uv.txt, hashes checked) and the cairn wheel.
+# The pinned uv (scripts/uv.txt, hashes checked) and the cairn-training wheel.
 FROM ${PYTHON_IMAGE} AS wheel
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 UV_PYTHON_DOWNLOADS=never UV_NO_CACHE=1
 WORKDIR /src
@@ -27,12 +27,12 @@ RUN /tools/bin/uv build --wheel --out-dir /wheels .
 FROM wheel AS operator-env
 RUN python -m venv --without-pip /opt/cairn \
  && /tools/bin/uv pip install --python /opt/cairn/bin/python -c requirements.lock \
-      "$(ls /wheels/cairn-*.whl)[operator]"
+      "$(ls /wheels/cairn_training-*.whl)[operator]"
 
 FROM wheel AS trainer-env
 RUN python -m venv --without-pip /opt/cairn \
  && /tools/bin/uv pip install --python /opt/cairn/bin/python -c requirements.lock \
-      "$(ls /wheels/cairn-*.whl)[trainer,ray]"
+      "$(ls /wheels/cairn_training-*.whl)[trainer,ray]"
 
 FROM ${PYTHON_IMAGE} AS runtime-base
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PATH=/opt/cairn/bin:$PATH

@@ -63,8 +63,8 @@ from typing import Any
 from kubernetes import client, config, watch
 
 from cairn.api import trainingjob
+from cairn.checkpoint import status_reporter
 from cairn.devcluster import cluster, controlplane, paths, pki, processes
-from cairn.trainer import status_reporter
 from tests import demo
 
 GROUP, VERSION, PLURAL = trainingjob.GROUP, trainingjob.VERSION, trainingjob.PLURAL

@@ -34,7 +34,7 @@ from kubernetes.client.rest import ApiException
 
 from cairn.api import manifest
 from cairn.devcluster import kueue
-from cairn.operator import kueue as protocol
+from cairn.operator.core import kueueplan as protocol
 from tests import demo
 from tests.integration.operator import kueue_helpers as kq
 

@@ -17,36 +17,13 @@ import os
 import pathlib
 import pickle
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from tests import demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(600)]
-
-
-@pytest.fixture
-def space(devcluster: Any, operator: Any) -> Iterator[tuple[str, str]]:
-    """A fresh namespace and S3 bucket (with the credentials Secret); the namespace is deleted."""
-    namespace = f"e2e-{uuid.uuid4().hex[:8]}"
-    bucket = f"e2e-{uuid.uuid4().hex[:10]}"
-    demo.prepare_namespace(
-        api_client=devcluster.api_client,
-        target=devcluster.target,
-        namespace=namespace,
-        bucket=bucket,
-    )
-    yield namespace, bucket
-    try:
-        client.CoreV1Api(devcluster.api_client).delete_namespace(namespace)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
 
 
 def test_garbage_resume_uri_fails_the_job_at_once_with_the_reason_in_status(

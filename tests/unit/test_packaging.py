@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 PYPROJECTS = {
-    "cairn": ROOT / "pyproject.toml",
+    "cairn-training": ROOT / "pyproject.toml",
     "cairn-devcluster": ROOT / "devcluster/pyproject.toml",
 }
 
@@ -47,7 +47,7 @@ def test_every_package_is_listed(distribution: str) -> None:
 
 def test_product_distribution_has_no_devcluster() -> None:
     """The devcluster is its own distribution, a dependency of the dev extra only."""
-    project = tomllib.loads(PYPROJECTS["cairn"].read_text())
+    project = tomllib.loads(PYPROJECTS["cairn-training"].read_text())
     packages = project["tool"]["setuptools"]["packages"]
     assert not [p for p in packages if p.startswith("cairn.devcluster")]
     extras = project["project"]["optional-dependencies"]
@@ -85,7 +85,7 @@ def test_virtualenv_is_exactly_the_lock() -> None:
         for d in importlib.metadata.distributions()
     }
     locked = _locked()
-    own = {"cairn", "cairn-devcluster"}
+    own = set(PYPROJECTS)
     differ = {n: (v, installed.get(n)) for n, v in locked.items() if installed.get(n) != v}
     extra = sorted(set(installed) - set(locked) - own)
     assert not differ, f"locked vs installed (run scripts/bootstrap): {differ}"

@@ -189,6 +189,14 @@ class CheckpointsStatus(_StatusModel):
     upload_error: UploadError | None = pydantic.Field(
         default=None, description="Set while uploads fail (upload.onFailure: Continue)."
     )
+    retention_over_budget: str | None = pydantic.Field(
+        default=None,
+        max_length=1024,
+        description=(
+            "Set while local retention keeps more steps than keepLast/maxBytes allow "
+            "because they are not uploaded yet (a slow or failing store)."
+        ),
+    )
 
 
 class LastFailure(_StatusModel):

@@ -1,6 +1,6 @@
 """The pod contract: environment variables the operator sets in every rank's pod.
 
-Pure. The operator's builders write these names (``cairn.operator.builders``);
+Pure. The operator's builders write these names (``cairn.operator.core.builders``);
 the trainer image reads them (its launcher and checkpoint writer). Both sides
 import this one module, so a rename breaks both at once instead of silently.
 

@@ -2,7 +2,7 @@
 
 A job claims its checkpoint prefix by creating ``<prefix>/.cairn/owner.json``
 (its UID, namespace and name) with ``If-None-Match: *``. The operator
-(``cairn.operator.prefixclaim``/``prefixowner``) claims it and refuses
+(``cairn.operator.core.prefixplan``/``prefixapply``) claims it and refuses
 verification, retention and ``onDelete`` under a prefix another job owns;
 the writer (``cairn.checkpoint.remote.check_prefix_owner``) refuses to
 upload into one, a configuration error. Both read the format from here.

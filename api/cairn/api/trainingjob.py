@@ -10,7 +10,7 @@ tests reject the same objects. Transition rules (``oldSelf``) have a Python
 twin in :func:`update_errors`.
 
 Data flow: user YAML -> API server (schema + CEL) -> operator
-(``TrainingJob.model_validate``) -> ``cairn.operator.plan``; the writer on
+(``TrainingJob.model_validate``) -> ``cairn.operator.core.jobplan``; the writer on
 rank 0 patches ``status.step`` and ``status.checkpoints``; the operator
 patches the rest of the status.
 """

@@ -27,7 +27,18 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cairn.devcluster import build, controlplane, errors, kueue, network, paths, pki, processes, s3
+from cairn.devcluster import (
+    adminapi,
+    build,
+    controlplane,
+    errors,
+    kueue,
+    network,
+    paths,
+    pki,
+    processes,
+    s3,
+)
 
 # Start order; `down` stops in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "s3", "agent")
@@ -130,23 +141,12 @@ def _check_ports(cluster: Cluster) -> None:
 
 
 def admin_ssl_context(cluster: Cluster) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(cluster.state.pki / "ca.crt"))
-    ctx.load_cert_chain(str(cluster.state.pki / "admin.crt"), str(cluster.state.pki / "admin.key"))
-    return ctx
+    return adminapi.admin_ssl_context(cluster)
 
 
 def api_get(cluster: Cluster, path: str, *, timeout: float = 5.0) -> tuple[int, bytes]:
     """GET a path of the API server as the admin; (status, body), status 0 if unreachable."""
-    request = urllib.request.Request(cluster.server + path)
-    try:
-        with urllib.request.urlopen(
-            request, timeout=timeout, context=admin_ssl_context(cluster)
-        ) as resp:
-            return int(resp.status), bytes(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except (urllib.error.URLError, OSError):
-        return 0, b""
+    return adminapi.api_get(cluster, path, timeout=timeout)
 
 
 def _wait(

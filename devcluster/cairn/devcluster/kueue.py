@@ -30,14 +30,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-from cairn.devcluster import build, errors, pki, processes
+from cairn.devcluster import adminapi, build, errors, pki, processes
 
-if TYPE_CHECKING:
-    from cairn.devcluster.cluster import Cluster
+Target = adminapi.Target
+
 
 COMPONENT = "kueue"
 API_GROUP = "kueue.x-k8s.io"
@@ -237,7 +237,7 @@ def object_path(obj: Mapping[str, Any]) -> str:
 
 
 def api_request(
-    target: "Cluster",
+    target: Target,
     method: str,
     path: str,
     *,
@@ -246,15 +246,13 @@ def api_request(
     timeout: float = 30.0,
 ) -> tuple[int, dict[str, Any]]:
     """One request as the admin: (status, JSON body); status 0 if unreachable."""
-    from cairn.devcluster import cluster as cluster_mod
-
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(target.server + path, data=data, method=method)
     if data is not None:
         request.add_header("Content-Type", content_type)
     try:
         with urllib.request.urlopen(
-            request, timeout=timeout, context=cluster_mod.admin_ssl_context(target)
+            request, timeout=timeout, context=adminapi.admin_ssl_context(target)
         ) as resp:
             return int(resp.status), _json(resp.read())
     except urllib.error.HTTPError as exc:
@@ -271,7 +269,7 @@ def _json(raw: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def apply(target: "Cluster", obj: Mapping[str, Any]) -> dict[str, Any]:
+def apply(target: Target, obj: Mapping[str, Any]) -> dict[str, Any]:
     """Server-side apply `obj` as the devcluster's field manager; the object as stored."""
     query = urllib.parse.urlencode({"fieldManager": FIELD_MANAGER, "force": "true"})
     status, body = api_request(
@@ -331,11 +329,11 @@ def crds(root: pathlib.Path) -> list[dict[str, Any]]:
     ]
 
 
-def state_dir(target: "Cluster") -> pathlib.Path:
+def state_dir(target: Target) -> pathlib.Path:
     return target.state.root / "kueue"
 
 
-def _ensure_certs(target: "Cluster") -> pathlib.Path:
+def _ensure_certs(target: Target) -> pathlib.Path:
     """The webhook's serving cert from the devcluster CA, where Kueue reads it."""
     pki.ensure_serving(
         target.state.pki,
@@ -370,7 +368,7 @@ def _copy_private(src: pathlib.Path, dst: pathlib.Path) -> None:
 # --------------------------------------------------------------- lifecycle
 
 
-def running(target: "Cluster") -> bool:
+def running(target: Target) -> bool:
     tracked = processes.read_pidfile(target.state.pidfile(COMPONENT))
     return tracked is not None and processes.is_alive(tracked)
 
@@ -417,7 +415,7 @@ def probe_workload(namespace: str = "default") -> dict[str, Any]:
     return workload("cairn-devcluster-probe", namespace=namespace)
 
 
-def _webhooks_answer(target: "Cluster") -> bool:
+def _webhooks_answer(target: Target) -> bool:
     """True when the API server reached Kueue's webhooks for a dry-run Workload create."""
     probe = probe_workload()
     path = object_path(probe).rsplit("/", 1)[0] + "?dryRun=All"
@@ -425,7 +423,7 @@ def _webhooks_answer(target: "Cluster") -> bool:
     return status in (200, 201, 409)
 
 
-def _ready(target: "Cluster", ports: KueuePorts) -> bool:
+def _ready(target: Target, ports: KueuePorts) -> bool:
     return running(target) and _healthy(ports) and _webhooks_answer(target)
 
 
@@ -440,7 +438,7 @@ def _port_free(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def _exclusive(target: "Cluster") -> Iterator[None]:
+def _exclusive(target: Target) -> Iterator[None]:
     """Serialize kueue up/down across test sessions (not the cluster's own lock)."""
     target.state.root.mkdir(parents=True, exist_ok=True)
     with (target.state.root / ".kueue.lock").open("w") as handle:
@@ -452,7 +450,7 @@ def _exclusive(target: "Cluster") -> Iterator[None]:
 
 
 def up(
-    target: "Cluster",
+    target: Target,
     *,
     timeout: float = READY_TIMEOUT_SECONDS,
     ports: KueuePorts = KueuePorts(),
@@ -461,9 +459,7 @@ def up(
     with _exclusive(target):
         if _ready(target, ports):
             return KueueReport(already_running=True, ready_seconds=0.0, build_seconds=0.0)
-        from cairn.devcluster import cluster as cluster_mod
-
-        if cluster_mod.api_get(target, "/readyz")[0] != 200:
+        if adminapi.api_get(target, "/readyz")[0] != 200:
             raise errors.DevclusterError(
                 f"the devcluster's API server ({target.server}) is not ready: run `devcluster up`"
             )
@@ -480,7 +476,7 @@ def up(
         )
 
 
-def _start(target: "Cluster", ports: KueuePorts) -> None:
+def _start(target: Target, ports: KueuePorts) -> None:
     # A pidfile of a dead manager (crash, reboot) would read as "exited" below.
     processes.stop_pidfile(target.state.pidfile(COMPONENT), grace_seconds=STOP_GRACE_SECONDS)
     busy = [p for p in (ports.webhook, ports.health) if not _port_free(p)]
@@ -515,7 +511,7 @@ def _start(target: "Cluster", ports: KueuePorts) -> None:
     )
 
 
-def _wait_established(target: "Cluster", names: list[str]) -> None:
+def _wait_established(target: Target, names: list[str]) -> None:
     deadline = time.monotonic() + 60.0
     pending = set(names)
     while pending and time.monotonic() < deadline:
@@ -534,7 +530,7 @@ def _wait_established(target: "Cluster", names: list[str]) -> None:
         raise errors.DevclusterError(f"Kueue CRDs not Established in 60 s: {sorted(pending)}")
 
 
-def _wait_ready(target: "Cluster", ports: KueuePorts, *, deadline: float) -> None:
+def _wait_ready(target: Target, ports: KueuePorts, *, deadline: float) -> None:
     log = target.state.log(COMPONENT)
     while time.monotonic() < deadline:
         if not running(target):
@@ -545,7 +541,7 @@ def _wait_ready(target: "Cluster", ports: KueuePorts, *, deadline: float) -> Non
     raise errors.DevclusterError(f"timed out waiting for Kueue's webhooks; see {log}")
 
 
-def down(target: "Cluster") -> None:
+def down(target: Target) -> None:
     """Stop the manager by its PID; CRDs, queues and webhook configurations stay."""
     with _exclusive(target):
         processes.stop_pidfile(target.state.pidfile(COMPONENT), grace_seconds=STOP_GRACE_SECONDS)
@@ -555,7 +551,7 @@ def down(target: "Cluster") -> None:
 
 
 def ensure_queues(
-    target: "Cluster",
+    target: Target,
     *,
     namespace: str,
     quota: Mapping[str, str] = DEFAULT_QUOTA,
@@ -574,7 +570,7 @@ def ensure_queues(
 
 
 def set_quota(
-    target: "Cluster", quota: Mapping[str, str], *, cluster_queue_name: str = CLUSTER_QUEUE
+    target: Target, quota: Mapping[str, str], *, cluster_queue_name: str = CLUSTER_QUEUE
 ) -> None:
     """Re-apply the ClusterQueue with `quota` (Kueue re-evaluates admitted and pending work)."""
     apply(target, cluster_queue(name=cluster_queue_name, quota=quota))

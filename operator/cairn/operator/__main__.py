@@ -28,7 +28,7 @@ from kubernetes import client, config
 from kubernetes.config import config_exception
 
 from cairn.operator import (
-    handlers,  # importing registers the handlers
+    handlers,  # noqa: F401  (importing registers the handlers)
     leader,
     metrics,
 )
@@ -153,14 +153,17 @@ def main(argv: list[str] | None = None) -> int:
     # request headers (the access key id in Authorization) and bodies.
     for quiet in ("botocore", "boto3", "s3transfer", "urllib3"):
         logging.getLogger(quiet).setLevel(logging.WARNING)
+    metrics.set_leading(not args.leader_elect)  # a standby: cairn_leader 0, no job series
     metrics.serve(args.metrics_port)  # a standby serves it too (no job series): no scrape errors
-    handlers.WATCH_NAMESPACES = args.namespace
     elector = _elect(args) if args.leader_elect else None
+    metrics.set_leading(True)
     kopf.run(
         standalone=True,
         clusterwide=args.namespace is None,
         namespaces=args.namespace or (),
         liveness_endpoint=args.liveness or None,
+        # handlers.configure builds the operator's runtime from this memo.
+        memo=kopf.Memo(watch_namespaces=args.namespace),
     )
     if elector is not None:
         elector.release()  # kopf stopped cleanly (SIGTERM): let a standby take over now

@@ -12,7 +12,7 @@ WATCH from the list's resourceVersion, resumed from the last one it saw
 when the server answers 410 Gone. A pod deleted while the watch was away is
 therefore dropped by that re-list (kopf's cache kept such pods for good).
 
-Per pod only ``observe.ObservedPod`` is kept, never the body. A job is
+Per pod only ``jobobserve.ObservedPod`` is kept, never the body. A job is
 notified (``on_change``) only when what the plan sees of its pods changed,
 not on every pod event (the kubelet's status patches mostly change nothing
 the plan reads). Reads (``get``) come from the event loop, writes from the
@@ -31,7 +31,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.watch import watch as k8s_watch
 
-from cairn.operator import names, observe
+from cairn.operator.core import jobobserve, names
 
 LOG = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -48,18 +48,18 @@ class GoneError(Exception):
 
 
 class PodCache:
-    """The pods of every job, reduced to ``observe.ObservedPod``, keyed by job."""
+    """The pods of every job, reduced to ``jobobserve.ObservedPod``, keyed by job."""
 
     def __init__(self, on_change: Callable[[Key], None] = lambda key: None) -> None:
         self._lock = threading.Lock()
-        self._by_job: dict[Key, dict[str, observe.ObservedPod]] = {}
+        self._by_job: dict[Key, dict[str, jobobserve.ObservedPod]] = {}
         self._job_of: dict[str, Key] = {}  # pod uid -> job: a DELETED event or a relabel
         self.on_change = on_change
         """Called (from the reflector's thread) with each job whose pods changed."""
 
     def get(
-        self, key: Key, default: Iterable[observe.ObservedPod] = ()
-    ) -> Iterable[observe.ObservedPod]:
+        self, key: Key, default: Iterable[jobobserve.ObservedPod] = ()
+    ) -> Iterable[jobobserve.ObservedPod]:
         """The job's pods (as ``kopf.Index.get`` would give them)."""
         with self._lock:
             pods = self._by_job.get(key)
@@ -71,7 +71,7 @@ class PodCache:
 
     def replace(self, namespace: str | None, bodies: Iterable[Mapping[str, Any]]) -> None:
         """A full list of ``namespace`` (None: every namespace) replaces what was known there."""
-        fresh: dict[Key, dict[str, observe.ObservedPod]] = {}
+        fresh: dict[Key, dict[str, jobobserve.ObservedPod]] = {}
         for body in bodies:
             parsed = _parse(body)
             if parsed is not None:
@@ -115,10 +115,10 @@ class PodCache:
             self.on_change(key)
 
 
-def _parse(body: Mapping[str, Any]) -> tuple[Key, observe.ObservedPod] | None:
+def _parse(body: Mapping[str, Any]) -> tuple[Key, jobobserve.ObservedPod] | None:
     metadata = body.get("metadata") or {}
     job = (metadata.get("labels") or {}).get(names.LABEL_JOB)
-    pod = observe.parse_pod(body)
+    pod = jobobserve.parse_pod(body)
     if not job or pod is None:
         return None
     return (str(metadata.get("namespace", "")), str(job)), pod

@@ -4,7 +4,7 @@ Blocking (boto3, the Kubernetes client): call from a worker thread. The one
 deletion rule: every ``manifest.json`` first, one by one, then the rest in
 batches (``retention.split_manifests``), so an interruption leaves at worst
 an abandoned partial, never a corrupt "committed" step. The status patch and
-the Events go through ``effects`` (field manager ``cairn-operator``, the same
+the Events go through ``jobapply`` (field manager ``cairn-operator``, the same
 Event type the reconcile posts).
 """
 
@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from cairn.api import retention
-from cairn.operator import effects, k8stypes, s3observe, s3plan, tunables
+from cairn.operator import jobapply, s3observe
+from cairn.operator.core import k8stypes, s3plan, tunables
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -94,14 +95,14 @@ def delete_prefix(s3: S3Client, target: s3observe.Target) -> int:
 def record(
     *,
     api: Any,
-    job: effects.JobRef,
+    job: jobapply.JobRef,
     patch: dict[str, Any] | None,
     events: tuple[k8stypes.Event, ...],
     now: datetime.datetime,
 ) -> dict[str, Any] | None:
     """The ``status.storage`` patch (when there is one), then the Events; the job
     as the patch left it. Raises ApiException for the patch only."""
-    patched = effects.patch_status(api, job, {"storage": patch}) if patch is not None else None
+    patched = jobapply.patch_status(api, job, {"storage": patch}) if patch is not None else None
     for event in events:
-        effects.post_event(api, job, event, now=now)
+        jobapply.post_event(api, job, event, now=now)
     return patched

@@ -33,7 +33,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from cairn.api import trainingjob
-from cairn.operator import observe, s3observe, s3plan, tunables
+from cairn.operator import s3observe
+from cairn.operator.core import jobobserve, s3plan, tunables
 
 LOG = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -128,8 +129,8 @@ class S3Loop:
         if not _has_upload(raw):  # most jobs: no model parse on each of their events
             self._drop(key)
             return
-        job = observe.parse_job(raw)
-        if isinstance(job, observe.InvalidJob):
+        job = jobobserve.parse_job(raw)
+        if isinstance(job, jobobserve.InvalidJob):
             self._drop(key)
             return
         kind = s3plan.pass_wanted(job, final_done=self._final_generation(key, job.metadata.uid))

@@ -45,7 +45,7 @@ from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import checkpointspec, podenv
 from cairn.api import manifest as manifest_mod
-from cairn.operator import names, s3plan, tunables
+from cairn.operator.core import names, s3plan, tunables
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

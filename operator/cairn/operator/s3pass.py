@@ -3,14 +3,14 @@
 Blocking (boto3 and the Kubernetes client): ``handlers`` runs these in a
 worker thread. ``storage_pass`` reads top to bottom:
 
-- observe (``s3observe``, ``prefixowner``): ``prefixowner.open_prefix`` (the
+- observe (``s3observe``, ``prefixapply``): ``prefixapply.open_prefix`` (the
   operator's S3 settings and the prefix claim: nothing below happens under a
   prefix the job does not own), the job's manifest keyring
   (``s3observe.manifest_keyring``), then ``s3observe.observe`` (list; read
   manifests and head listed files whose ETag is new);
-- plan (``s3plan``, ``prefixclaim``; pure): ``s3plan.plan_job``
+- plan (``s3plan``, ``prefixplan``; pure): ``s3plan.plan_job``
   (verification and retention), then ``s3plan.storage_update`` and
-  ``prefixclaim.with_claim`` (the ``status.storage`` merge patch and the
+  ``prefixplan.with_claim`` (the ``status.storage`` merge patch and the
   Events);
 - apply (``s3apply``): deletions (manifest first), the status patch (field
   manager ``cairn-operator``), the Events.
@@ -26,17 +26,8 @@ from typing import Any
 
 from cairn.api import manifest as manifest_mod
 from cairn.api import trainingjob
-from cairn.operator import (
-    clock,
-    effects,
-    k8stypes,
-    observe,
-    prefixclaim,
-    prefixowner,
-    s3apply,
-    s3observe,
-    s3plan,
-)
+from cairn.operator import jobapply, prefixapply, s3apply, s3observe
+from cairn.operator.core import clock, jobobserve, k8stypes, prefixplan, s3plan
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -59,7 +50,7 @@ class PassResult:
 class _Seen:
     """What the observe step got: the claim, and a client and listing when owned."""
 
-    claim: prefixclaim.Claim | None = None
+    claim: prefixplan.Claim | None = None
     s3: "S3Client | None" = None
     observation: s3plan.Observation | None = None
     keyring: manifest_mod.Keyring | None = None
@@ -74,10 +65,10 @@ def _observe(
     caches: s3observe.Caches,
 ) -> _Seen:
     """Claim the prefix, then list it; an S3 failure becomes ``error``."""
-    claim: prefixclaim.Claim | None = None
+    claim: prefixplan.Claim | None = None
     try:
         # Only under a prefix this job owns, reached the way the settings allow.
-        access = prefixowner.open_prefix(api=api, job=job)
+        access = prefixapply.open_prefix(api=api, job=job)
         claim = access.claim
         if access.s3 is None:
             return _Seen(claim=claim)
@@ -103,8 +94,8 @@ def storage_pass(
     upload = job.spec.checkpoint.upload
     if upload is None:
         raise ValueError("storage_pass needs spec.checkpoint.upload")
-    status = observe.parse_status(raw)
-    ref = effects.JobRef.of(raw)
+    status = jobobserve.parse_status(raw)
+    ref = jobapply.JobRef.of(raw)
     target = s3observe.Target.parse(upload.uri)
     # observe
     seen = _observe(api=api, job=job, target=target, caches=caches)
@@ -126,7 +117,7 @@ def storage_pass(
     patch, events = s3plan.storage_update(
         previous=status.storage, result=todo, deleted=deleted, error=error, now=now()
     )
-    patch, events = prefixclaim.with_claim(patch, events, previous=status.storage, claim=seen.claim)
+    patch, events = prefixplan.with_claim(patch, events, previous=status.storage, claim=seen.claim)
     patched = s3apply.record(api=api, job=ref, patch=patch, events=events, now=now())
     if deleted:
         LOG.info("retention in %s/%s deleted steps %s", ref.namespace, ref.name, deleted)
@@ -144,7 +135,7 @@ def cleanup(*, api: Any, raw: dict[str, Any], job: trainingjob.TrainingJob) -> i
     """``onDelete: Delete``: remove the job's step folders from S3; the objects deleted.
 
     Raises ``s3observe.StoreError``; the caller retries and gives up bounded.
-    Raises ``prefixowner.NotOwnedError`` (nothing deleted) when the job does not own
+    Raises ``prefixapply.NotOwnedError`` (nothing deleted) when the job does not own
     the prefix or the operator's settings refuse the store; the owner object is
     released last.
     A second listing after the deletion catches an object the writer put
@@ -153,10 +144,10 @@ def cleanup(*, api: Any, raw: dict[str, Any], job: trainingjob.TrainingJob) -> i
     upload = job.spec.checkpoint.upload
     if upload is None:
         return 0
-    access = prefixowner.open_prefix(api=api, job=job)
+    access = prefixapply.open_prefix(api=api, job=job)
     if access.s3 is None:
-        raise prefixowner.NotOwnedError(access.claim)
+        raise prefixapply.NotOwnedError(access.claim)
     count = s3apply.delete_prefix(access.s3, access.target)
     count += s3apply.delete_prefix(access.s3, access.target)
-    prefixowner.release(access.s3, access.target, prefixowner.me(job))
+    prefixapply.release(access.s3, access.target, prefixapply.me(job))
     return count

@@ -3,7 +3,7 @@
 Pure: the job (as the API returns it) in, a refusal or JSON merge patches out.
 
 The operator applies an explicit ``spec.checkpoint.resume`` once per request
-(``status.resumeApplied``; see ``cairn.operator.resumeplan``); a request is
+(``status.resumeApplied``; see ``cairn.operator.core.resumeplan``); a request is
 the target plus the ``cairn.dev/resume-request`` annotation, which this
 command sets to a new value every time, so asking for the same step twice
 works. The command refuses (exit 1, the reason on stderr) instead of

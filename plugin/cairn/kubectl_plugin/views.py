@@ -203,7 +203,7 @@ def progress_line(state: Progress, *, width: int = 30) -> str:
 
 
 def pod_selector(*, job: str, attempt: int | None, rank: int | None) -> str:
-    """Label selector of the job's pods (cairn.operator.names' labels)."""
+    """Label selector of the job's pods (cairn.operator.core.names' labels)."""
     parts = [f"cairn.dev/job-name={job}"]
     if attempt is not None:
         parts.append(f"cairn.dev/attempt={attempt}")
@@ -222,24 +222,15 @@ def _condition_line(condition: jobstatus.Condition, now: datetime.datetime) -> t
     )
 
 
-def describe(job: dict[str, Any], *, pods: Sequence[dict[str, Any]], now: datetime.datetime) -> str:
-    """A one-screen summary: phase, progress, checkpoints, failure, pods, conditions."""
-    meta = job.get("metadata", {})
-    spec = job.get("spec", {})
-    status = parse_status(job)
-    ckpts = status.checkpoints or jobstatus.CheckpointsStatus()
-    upload = (spec.get("checkpoint") or {}).get("upload") or {}
-    lines = [
-        f"Name:          {meta.get('namespace', '')}/{meta.get('name', '')}",
-        f"Phase:         {status.phase or '-'}"
-        + ("  (suspended in spec)" if spec.get("suspend") else ""),
-        f"Generation:    {meta.get('generation', '-')} (observed {status.observed_generation if status.observed_generation is not None else '-'})",
-        f"Nodes:         {spec.get('nodes', 1)} x {spec.get('procsPerNode', 1)} proc(s)",
-        f"Attempt:       {status.attempt if status.attempt is not None else '-'}"
-        f"   restarts {status.restarts or 0} ({status.restarts_count_towards_max or 0} counted)",
-        f"Step:          {status.step if status.step is not None else '-'}",
-        f"Started:       {age(now=now, then=status.start_time)} ago",
-    ]
+def _storage_lines(
+    status: jobstatus.TrainingJobStatus,
+    *,
+    ckpts: jobstatus.CheckpointsStatus,
+    upload: dict[str, Any],
+    now: datetime.datetime,
+) -> list[str]:
+    """describe's Committed, Uploaded, Verified and S3 error lines."""
+    lines: list[str] = []
     committed = ckpts.last_committed
     uploaded = ckpts.last_uploaded
     lines.append(
@@ -274,6 +265,44 @@ def describe(job: dict[str, Any], *, pods: Sequence[dict[str, Any]], now: dateti
         )
     if upload and storage is not None and storage.last_error:
         lines.append(f"S3 error:      {storage.last_error}")
+    return lines
+
+
+def _pods_table(pods: Sequence[dict[str, Any]]) -> str:
+    return table(
+        ("NAME", "ATTEMPT", "RANK", "PHASE", "NODE"),
+        [
+            (
+                p.get("metadata", {}).get("name", ""),
+                p.get("metadata", {}).get("labels", {}).get("cairn.dev/attempt", "?"),
+                p.get("metadata", {}).get("labels", {}).get("cairn.dev/rank", "?"),
+                p.get("status", {}).get("phase", "?"),
+                p.get("spec", {}).get("nodeName", "-"),
+            )
+            for p in pods
+        ],
+    )
+
+
+def describe(job: dict[str, Any], *, pods: Sequence[dict[str, Any]], now: datetime.datetime) -> str:
+    """A one-screen summary: phase, progress, checkpoints, failure, pods, conditions."""
+    meta = job.get("metadata", {})
+    spec = job.get("spec", {})
+    status = parse_status(job)
+    ckpts = status.checkpoints or jobstatus.CheckpointsStatus()
+    upload = (spec.get("checkpoint") or {}).get("upload") or {}
+    lines = [
+        f"Name:          {meta.get('namespace', '')}/{meta.get('name', '')}",
+        f"Phase:         {status.phase or '-'}"
+        + ("  (suspended in spec)" if spec.get("suspend") else ""),
+        f"Generation:    {meta.get('generation', '-')} (observed {status.observed_generation if status.observed_generation is not None else '-'})",
+        f"Nodes:         {spec.get('nodes', 1)} x {spec.get('procsPerNode', 1)} proc(s)",
+        f"Attempt:       {status.attempt if status.attempt is not None else '-'}"
+        f"   restarts {status.restarts or 0} ({status.restarts_count_towards_max or 0} counted)",
+        f"Step:          {status.step if status.step is not None else '-'}",
+        f"Started:       {age(now=now, then=status.start_time)} ago",
+    ]
+    lines += _storage_lines(status, ckpts=ckpts, upload=upload, now=now)
     if ckpts.resumed_from is not None:
         came = ckpts.resumed_from
         lines.append(
@@ -292,19 +321,7 @@ def describe(job: dict[str, Any], *, pods: Sequence[dict[str, Any]], now: dateti
         )
     out = "\n".join(lines) + "\n"
     if pods:
-        out += "\nPods:\n" + table(
-            ("NAME", "ATTEMPT", "RANK", "PHASE", "NODE"),
-            [
-                (
-                    p.get("metadata", {}).get("name", ""),
-                    p.get("metadata", {}).get("labels", {}).get("cairn.dev/attempt", "?"),
-                    p.get("metadata", {}).get("labels", {}).get("cairn.dev/rank", "?"),
-                    p.get("status", {}).get("phase", "?"),
-                    p.get("spec", {}).get("nodeName", "-"),
-                )
-                for p in pods
-            ],
-        )
+        out += "\nPods:\n" + _pods_table(pods)
     if status.conditions:
         out += "\nConditions:\n" + table(
             ("TYPE", "STATUS", "REASON", "AGE", "MESSAGE"),

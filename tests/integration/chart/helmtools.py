@@ -13,6 +13,8 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "cairn"
 KUBECTL = build.KUBERNETES.bin_dir / "kubectl"
 KUBE_VERSION = "1.34.3"
+USER_ROLES = ("cairn-trainingjob-viewer", "cairn-trainingjob-editor")
+"""ClusterRoles for people (templates/user-roles.yaml), not the operator's own."""
 
 
 def install_helm() -> pathlib.Path:

@@ -5,7 +5,7 @@ timing in the operator's environment, a Role on ``leases`` in the release
 namespace only, bound to the operator's ServiceAccount, rolling updates);
 ``replicaCount: 2`` accepted with it and refused without it (Recreate
 then); the S3 settings reach the environment (identity off, allow-list
-joined); the status policy and its binding equal ``cairn.operator.statuspolicy``
+joined); the status policy and its binding equal ``cairn.operator.core.statuspolicy``
 apart from the chart's labels and keep annotation, and are left out with
 ``crds.statusPolicy=false`` or ``crds.install=false``. On the devcluster:
 ``helm install`` with ``replicaCount: 2`` runs one leader and one standby
@@ -23,7 +23,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from cairn.operator import rbac, statuspolicy
+from cairn.operator.core import rbac, statuspolicy
 from tests.conftest import DevclusterHandle
 from tests.integration.devcluster import kube_helpers
 

@@ -19,6 +19,7 @@ import sys
 import time
 import typing
 
+import numpy as np
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -164,3 +165,43 @@ def bucket_keys(server: typing.Any, bucket: str) -> list[str]:
     client = server.client()
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
     return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
+
+
+STATE_PARTS = ("model", "optim", "sched", "rng_torch", "rng_numpy", "rng_python", "data", "train")
+"""Every part of a `ckpt_worker` full-state dump that a resume must restore."""
+
+
+def _same(got: typing.Any, want: typing.Any) -> bool:
+    """Bit-identical nested state (tensors, arrays, dicts, sequences, scalars)."""
+    if isinstance(want, torch.Tensor):
+        return (
+            isinstance(got, torch.Tensor)
+            and got.dtype == want.dtype
+            and got.shape == want.shape
+            and torch.equal(got, want)
+        )
+    if isinstance(want, np.ndarray):
+        return isinstance(got, np.ndarray) and np.array_equal(got, want)
+    if isinstance(want, dict):
+        return (
+            isinstance(got, dict)
+            and got.keys() == want.keys()
+            and all(_same(got[k], want[k]) for k in want)
+        )
+    if isinstance(want, (list, tuple)):
+        return (
+            isinstance(got, (list, tuple))
+            and len(got) == len(want)
+            and all(_same(g, w) for g, w in zip(got, want, strict=True))
+        )
+    return bool(got == want)
+
+
+def state_differences(got: dict[str, typing.Any], want: dict[str, typing.Any]) -> list[str]:
+    """The state parts (`STATE_PARTS`, model per tensor) in which two dumps differ."""
+    found = [
+        part for part in STATE_PARTS if part != "model" and not _same(got.get(part), want.get(part))
+    ]
+    model_got = got.get("model", {})
+    found += [f"model.{k}" for k, v in want["model"].items() if not _same(model_got.get(k), v)]
+    return found

@@ -75,12 +75,15 @@ def full_state(
     optim: torch.optim.Optimizer,
     data: DataPosition,
     train: state.TrainState,
+    sched: typing.Any = None,
 ) -> dict[str, typing.Any]:
+    """Every state part a resume must restore (compared bit for bit by the tests)."""
     opts = dcp_state_dict.StateDictOptions(full_state_dict=True)
     model_sd, optim_sd = dcp_state_dict.get_state_dict(model, optim, options=opts)
     return {
         "model": {k: typing.cast(torch.Tensor, v).clone() for k, v in model_sd.items()},
         "optim": optim_sd,
+        "sched": None if sched is None else sched.state_dict(),
         "rng_torch": torch.get_rng_state(),
         "rng_numpy": np.random.get_state(legacy=True)[1].copy(),  # type: ignore[index]
         "rng_python": random.getstate(),
@@ -167,7 +170,9 @@ def main() -> None:
             result["skipped_state"] = [] if restored is None else list(restored.skipped_state)
             result["downloaded"] = [] if restored is None else list(restored.downloaded)
             result["quarantined"] = [] if restored is None else list(restored.quarantined)
-            torch.save(full_state(model, optim, data, train), out / f"dump-restored-rank{rank}.pt")
+            torch.save(
+                full_state(model, optim, data, train, sched), out / f"dump-restored-rank{rank}.pt"
+            )
         pending_save: int | None = None
         steps_during_save = 0
         while train.step < cfg["steps"]:
@@ -196,7 +201,8 @@ def main() -> None:
             if ckpt.should_save(step):
                 if step in dump_steps:
                     torch.save(
-                        full_state(model, optim, data, train), out / f"dump-{step}-rank{rank}.pt"
+                        full_state(model, optim, data, train, sched),
+                        out / f"dump-{step}-rank{rank}.pt",
                     )
                 if ckpt.save(step, objects):
                     result["saved"].append(step)
@@ -213,14 +219,14 @@ def main() -> None:
                         pending_save, steps_during_save = step, 0
             elif step in dump_steps:
                 torch.save(
-                    full_state(model, optim, data, train), out / f"dump-{step}-rank{rank}.pt"
+                    full_state(model, optim, data, train, sched), out / f"dump-{step}-rank{rank}.pt"
                 )
             if step == 2 and cfg.get("progress_file"):
                 pathlib.Path(cfg["progress_file"]).with_suffix(f".{rank}").write_text("2")
-            hold = cfg.get("hold")  # {"rank": r, "after": step, "until": path}
+            hold = cfg.get("hold")  # {"rank": r, "after": step, "until": path[, "seconds": s]}
             if hold and hold["rank"] == rank and step == hold["after"]:
                 until = pathlib.Path(hold["until"])
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + hold.get("seconds", 60)
                 while not until.exists() and time.monotonic() < deadline:
                     time.sleep(0.02)
 

@@ -39,7 +39,8 @@ import torch
 from cairn.api import checkpointspec
 from cairn.api import manifest as manifest_mod
 from cairn.checkpoint import errors, layout, manager, options, remote, state
-from cairn.operator import s3observe, s3plan
+from cairn.operator import s3observe
+from cairn.operator.core import s3plan
 
 pytestmark = [
     pytest.mark.torch,
@@ -277,7 +278,7 @@ def test_a_recreated_job_does_not_take_the_old_jobs_steps(tmp_path: pathlib.Path
 
 def test_the_keyring_file_from_the_pod_env_configures_signing(tmp_path: pathlib.Path) -> None:
     from cairn.api import podenv
-    from cairn.trainer import runtime_config
+    from cairn.checkpoint import runtime_config
 
     keyfile = tmp_path / "keyring.json"
     keyfile.write_bytes(manifest_mod.dump_keyring(RING))

@@ -11,12 +11,17 @@ server does):
 - one transfer on its own: an upload to a hung store fails with the
   watchdog's reason (RemoteError), a download fails with StallError
   (transient) and, in `retrying`, with TransportError, both bounded;
-  a small request (the manifest GET) likewise.
+  a small request (the manifest GET) likewise;
+- start-up and restore reads of a hung store (the remote-step listing, the
+  lineage reads of the first save, the prefix-owner check) give up within
+  about 3 x stall_seconds with the reason, never hang.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import pathlib
 import time
 import typing
@@ -26,7 +31,7 @@ import pytest
 import tcp_hold_proxy  # type: ignore[import-not-found]
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, layout, options, remote
+from cairn.checkpoint import errors, layout, lineage, options, remote
 
 STALL = 3.0
 """The tests' stall_seconds (the API's minimum is 5; the library takes any > 0)."""
@@ -198,3 +203,62 @@ def test_download_from_a_hung_store_is_a_transport_error(
         )
     # Two bounded reads and one download, each cut at the stall bound.
     assert time.monotonic() - started < 3 * STALL + 30
+
+
+# Start-up and restore reads of a hung store: each request waits at most
+# stall_seconds, `retrying` runs 3 rounds (waits 1 s and 2 s between), so a
+# whole read gives up after about 3 x READ_STALL + 3 s with the reason, never
+# after botocore's read_timeout x max_attempts per request.
+READ_STALL = 1.0
+"""stall_seconds of these reads: small, each test waits for three rounds of it."""
+READ_BOUND = 3 * READ_STALL + 3 + 15
+"""A whole bounded read of a hung store, with slack for a loaded machine."""
+
+
+def _read_opts(held: tuple[options.S3Options, str]) -> options.S3Options:
+    return dataclasses.replace(held[0], stall_seconds=READ_STALL)
+
+
+def test_listing_a_hung_store_is_a_transport_error(
+    held_store: tuple[options.S3Options, str],
+) -> None:
+    opts = _read_opts(held_store)
+    client = remote.make_client(opts)
+    started = time.monotonic()
+    with pytest.raises(errors.TransportError, match="no answer for 1 s"):
+        remote.retrying(lambda: remote.committed_steps(client, opts), what="listing remote steps")
+    assert time.monotonic() - started < READ_BOUND
+    started = time.monotonic()
+    with pytest.raises(remote.StallError, match="listing s3://"):
+        remote.list_sizes(client, opts.bucket, "p", within=opts.stall_seconds)
+    assert time.monotonic() - started < READ_STALL + 15
+
+
+def test_lineage_reads_of_a_hung_store_fail_bounded(
+    held_store: tuple[options.S3Options, str],
+) -> None:
+    """The first save's lineage decision reads S3; a RemoteError there makes it
+    decide from the volume (`lineage.begin`), so it must come, and soon."""
+    opts = _read_opts(held_store)
+    client = remote.make_client(opts)
+    for read in (
+        lambda: lineage.own_remote_steps(client, opts, job_uid="job-uid"),
+        lambda: lineage.read_remote_record(client, opts),
+    ):
+        started = time.monotonic()
+        with pytest.raises(errors.RemoteError, match="no answer for 1 s"):
+            read()
+        assert time.monotonic() - started < READ_BOUND
+
+
+def test_prefix_owner_check_of_a_hung_store_is_bounded_and_logged(
+    held_store: tuple[options.S3Options, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unreachable store never stops a start: the check gives up, bounded, saying why."""
+    opts = _read_opts(held_store)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="cairn.checkpoint"):
+        remote.check_prefix_owner(remote.make_client(opts), opts, job_uid="job-uid")
+    assert time.monotonic() - started < READ_BOUND
+    warned = [r.getMessage() for r in caplog.records if "prefix owner" in r.getMessage()]
+    assert warned and "no answer for 1 s" in warned[-1], warned

@@ -42,9 +42,19 @@ from torch.distributed.checkpoint import state_dict_saver
 
 from cairn.api import manifest as manifest_mod
 from cairn.api import trainingjob
-from cairn.checkpoint import errors, fence, layout, lineage, manager, options, remote, state
-from cairn.operator import s3observe, s3plan
-from cairn.trainer import status_reporter
+from cairn.checkpoint import (
+    errors,
+    fence,
+    layout,
+    lineage,
+    manager,
+    options,
+    remote,
+    state,
+    status_reporter,
+)
+from cairn.operator import s3observe
+from cairn.operator.core import s3plan
 from tests import demo
 from tests.conftest import DevclusterHandle
 from tests.integration.devcluster import kube_helpers

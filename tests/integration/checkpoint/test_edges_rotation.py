@@ -34,8 +34,7 @@ import pytest
 import s3_fault_proxy  # type: ignore[import-not-found]
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import events, layout, upload_backlog
-from cairn.trainer import checkpoint_status
+from cairn.checkpoint import checkpoint_status, events, layout, upload_backlog
 
 pytestmark = pytest.mark.torch
 

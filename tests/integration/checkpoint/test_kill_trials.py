@@ -3,13 +3,21 @@
 Each chain is one job (one UID) whose attempts each get killed: attempt i
 resumes from what attempt i-1 left, trains a few steps with a save every
 step on 2 gloo ranks, each rank on its own volume (`pod-{rank}`), uploading
-to the real S3 server, and is SIGKILLed at a random phase (staging, write,
-commit, upload, rotate; a random rank, a random save step) or at a random
-moment. After every kill the volumes and the bucket are checked, and the
-next attempt's resume is compared with an uninterrupted reference run:
+to the real S3 server, and is SIGKILLed at a phase from a fixed schedule
+(staging, write, commit, upload, between the remote manifest put and the
+local `.uploaded` marker, rotate, in the resume's restore after a copy was
+fetched and before it is loaded, a random moment, and a random moment with
+the peers SIGTERMed instead of SIGKILLed (`survivor`, the path Kubernetes
+takes: they try a final save with a dead peer): `SCHEDULE`, so 9 kills
+cover every phase; the rank and save step are drawn from the seed).
+After every kill the volumes and the bucket are checked, and the next
+attempt's resume is compared with an uninterrupted reference run:
 
 - 0 corrupt loads: the restored state equals the reference state of that
-  step bit for bit (the trainer is deterministic);
+  step bit for bit in every part (model, optimizer, LR scheduler, torch,
+  numpy and Python RNGs, data position, train state), the trainer being
+  deterministic; at least kills/2 loads are checked and every phase gets
+  kills/9 kills (a run that checks little fails instead of passing);
 - 0 committed-but-incomplete steps: every committed `step-<N>` on a volume
   holds that rank's files with the manifest's sizes and CRC32C, and every
   remote manifest's objects exist with the manifest's full-object CRC32C;
@@ -18,8 +26,8 @@ next attempt's resume is compared with an uninterrupted reference run:
   is the durable tier), or a newer one, never from an older one.
 
 The seed is printed (and in every failure message); CAIRN_KILL_SEED replays
-it. CAIRN_KILL_TRIALS sets the number of kills: 6 by default, so that the
-normal suite stays near 3 minutes on 2 cores; the issue's 50+ run is
+it. CAIRN_KILL_TRIALS sets the number of kills: 9 by default (one per phase),
+so that the normal suite stays near 4 minutes on 2 cores; the issue's 50+ run is
 `CAIRN_KILL_TRIALS=50` (19.6 minutes on this 2-core machine under a load
 average of ~15: every attempt starts two Python processes that import torch
 and build a gloo group, which is what dominates, not the checkpoints).
@@ -29,9 +37,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import datetime
+import json
 import os
 import pathlib
 import random
+import signal
 import time
 import typing
 
@@ -40,11 +51,17 @@ import pytest
 import torch
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import layout, options, remote
+from cairn.checkpoint import errors, layout, options, remote
 
 pytestmark = [pytest.mark.torch, pytest.mark.s3, pytest.mark.timeout(1800)]
 
-PHASES = ("staging", "write", "commit", "upload", "rotate")
+PHASES = ("staging", "write", "commit", "upload", "marker", "rotate", "restore")
+SCHEDULE = (*PHASES, "anytime", "survivor")
+"""Kill n of a run lands at SCHEDULE[n % 9] (chains interleave): 9 kills hit every phase.
+
+`survivor`: one rank SIGKILLed at a random moment, its peers SIGTERMed (a
+final save with a dead peer), SIGKILLed after `SURVIVOR_GRACE` seconds."""
+SURVIVOR_GRACE = 30.0
 WORLD = 2
 SAVES_PER_ATTEMPT = 4
 JOB_UID = "c0ffee00-0000-4000-8000-00000000kill"
@@ -59,6 +76,8 @@ class Tally:
     corrupt_loads: list[str] = dataclasses.field(default_factory=list)
     incomplete: list[str] = dataclasses.field(default_factory=list)
     lost: list[str] = dataclasses.field(default_factory=list)
+    deleted_local_only: list[str] = dataclasses.field(default_factory=list)
+    local_only_checked: int = 0
     by_phase: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
@@ -84,6 +103,31 @@ def incomplete_local(chain: pathlib.Path) -> list[str]:
     return found
 
 
+def local_only(chain: pathlib.Path, remote_steps: set[int]) -> set[tuple[int, int]]:
+    """(rank, step) committed on a volume and never uploaded (not in S3)."""
+    return {
+        (rank, step)
+        for rank in range(WORLD)
+        for step in layout.committed_steps(chain / f"pod-{rank}", job_uid=JOB_UID)
+        if step not in remote_steps
+    }
+
+
+def still_kept(chain: pathlib.Path, *, rank: int, step: int, remote_steps: set[int]) -> bool:
+    """The step is committed on the volume, in S3 now, or moved aside (kept)."""
+    root = chain / f"pod-{rank}"
+    if step in remote_steps or step in layout.committed_steps(root, job_uid=JOB_UID):
+        return True
+    aside = root / ".cairn"
+    for found in aside.rglob(manifest_mod.MANIFEST_NAME) if aside.is_dir() else ():
+        try:
+            if layout.read_manifest(found.parent).step == step:
+                return True
+        except (errors.CheckpointError, ValueError):  # unreadable: not this step
+            continue
+    return False
+
+
 def incomplete_remote(client: typing.Any, s3opts: options.S3Options) -> tuple[set[int], list[str]]:
     """Remote committed steps, and those whose objects do not match their manifest."""
     steps = set(remote.committed_steps(client, s3opts))
@@ -105,15 +149,6 @@ def incomplete_remote(client: typing.Any, s3opts: options.S3Options) -> tuple[se
             if head["ContentLength"] != entry.size or head.get("ChecksumCRC32C") != crc:
                 found.append(f"remote step {step} {entry.path}: size/CRC differ")
     return steps, found
-
-
-def state_differences(got: dict[str, typing.Any], want: dict[str, typing.Any]) -> list[str]:
-    """What differs between two full-state dumps ([] when bit-identical)."""
-    found = [k for k in ("data", "train") if got[k] != want[k]]
-    if not torch.equal(got["rng_torch"], want["rng_torch"]):
-        found.append("rng_torch")
-    found += [k for k, v in want["model"].items() if not torch.equal(v, got["model"][k])]
-    return found
 
 
 def reference_dumps(tmp: pathlib.Path, steps: int) -> ckpt_harness.Job:
@@ -153,18 +188,23 @@ def run_chain(
     client = remote.make_client(s3opts)
     expected: int | None = None
     newest_local: int | None = None
+    never_uploaded: set[tuple[int, int]] = set()
     attempt = 0
     while tally_kills(tally, index) < kills and attempt < kills * 3:
         start = max(expected or 0, newest_local or 0)
         target = rng.randint(start + 1, start + SAVES_PER_ATTEMPT)
-        phase = rng.choice((*PHASES, "anytime"))
+        # Deterministic: a phase is retried until a kill lands there.
+        phase = SCHEDULE[(tally_kills(tally, index) * CHAINS + index) % len(SCHEDULE)]
         rank = rng.randrange(WORLD)
+        rank = 0 if phase == "marker" else rank  # rank 0 alone puts the manifest
         env = {
             "CAIRN_CKPT_FAULT_DIR": str(chain),
             "CAIRN_CKPT_FAULT_SLEEP": "120",
         }
         if phase != "anytime":
-            env["CAIRN_CKPT_FAULT"] = f"{phase}:{rank}:{target}"
+            # restore: whichever step the resume tries first (none: not killed, retried)
+            step = "" if phase == "restore" else f":{target}"
+            env["CAIRN_CKPT_FAULT"] = f"{phase}:{rank}{step}"
         chain.mkdir(parents=True, exist_ok=True)
         job = ckpt_harness.launch(
             {
@@ -177,6 +217,7 @@ def run_chain(
                 "job_uid": JOB_UID,
                 "s3": s3,
                 "timeout": 60.0,
+                "sigterm": True,  # SIGTERM -> final save (survivor); SIGKILL is unaffected
             },
             world=WORLD,
             tmp=tmp,
@@ -192,6 +233,15 @@ def run_chain(
         # On node-local volumes S3 is the durable tier: a step in the bucket
         # must be resumable. (A newer step committed on every volume but not
         # uploaded may be resumed too, if the ranks can load it.)
+        # The only copy of a step is never deleted: a local-only step of the
+        # last kill is still committed, uploaded since, or moved aside.
+        tally.deleted_local_only.extend(
+            f"{label}: pod-{r} step {s} (never uploaded) is gone"
+            for r, s in sorted(never_uploaded)
+            if not still_kept(chain, rank=r, step=s, remote_steps=remote_steps)
+        )
+        never_uploaded = local_only(chain, remote_steps)
+        tally.local_only_checked += len(never_uploaded)
         expected = max(remote_steps, default=None)
         newest_local = max(committed_everywhere(chain), default=None)
         if killed:
@@ -221,18 +271,19 @@ def kill(
     Returns False when the job finished before the fault point was reached
     (a rotation that had nothing to delete); raises if a rank failed by itself.
     """
-    if phase == "anytime":
+    if phase in ("anytime", "survivor"):
         deadline = time.monotonic() + rng.uniform(4.0, 12.0)
         while time.monotonic() < deadline and all(p.poll() is None for p in job.procs):
             time.sleep(0.05)
     else:
-        marker = chain / f"{phase}-{rank}-{target}"
+        pattern = f"{phase}-{rank}-" + ("*" if phase == "restore" else str(target))
         deadline = time.monotonic() + 180
-        while not marker.exists() and time.monotonic() < deadline:
+        while not any(chain.glob(pattern)) and time.monotonic() < deadline:
             if all(p.poll() is not None for p in job.procs):
                 break
             time.sleep(0.05)
-        marker.unlink(missing_ok=True)
+        for marker in chain.glob(pattern):
+            marker.unlink(missing_ok=True)
     crashed = [r for r, p in enumerate(job.procs) if p.poll() not in (None, 0)]
     if crashed:
         raise AssertionError(f"ranks {crashed} failed on their own\n{job.tail()}")
@@ -240,6 +291,15 @@ def kill(
         return False
     if job.procs[rank].poll() is None:
         ckpt_harness.sigkill(job, rank)  # the chosen rank first...
+    if phase == "survivor":
+        # ...as on Kubernetes: the other pods get SIGTERM and try a final
+        # save with a dead peer; bounded, then SIGKILL like a grace period.
+        for peer in job.procs:
+            if peer.poll() is None:
+                peer.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + SURVIVOR_GRACE
+        while time.monotonic() < deadline and any(p.poll() is None for p in job.procs):
+            time.sleep(0.05)
     job.kill()  # ...then its peers: the attempt's pod set fails
     return True
 
@@ -263,15 +323,57 @@ def check_restore(
             tally.lost.append(f"{label}: rank {rank} resumed from {step}, expected {expected}")
             continue
         tally.loads_checked += 1
-        differs = state_differences(got, reference.dump(step, rank)) if step else []
+        differs = ckpt_harness.state_differences(got, reference.dump(step, rank)) if step else []
         if differs:
             tally.corrupt_loads.append(f"{label}: rank {rank} step {step} differs in {differs}")
 
 
-def test_randomized_kill_trials(tmp_path: pathlib.Path, s3_server: typing.Any) -> None:
+def write_record(*, seed: int, kills: int, tally: Tally, started: dict[str, typing.Any]) -> None:
+    """`CAIRN_KILL_RECORD=1`: the run's JSON record under `bench/results/` (as the benches')."""
+    results = ckpt_harness.REPO / "bench" / "results"
+    doc = {
+        "bench": "kill-trials",
+        **started,
+        "load_average_end": list(os.getloadavg()),
+        "seconds": round(time.monotonic() - started.pop("_t0"), 1),
+        "params": {
+            "seed": seed,
+            "kills": kills,
+            "chains": CHAINS,
+            "world": WORLD,
+            "saves_per_attempt": SAVES_PER_ATTEMPT,
+            "schedule": list(SCHEDULE),
+        },
+        "figures": {
+            "kills": tally.kills,
+            "by_phase": tally.by_phase,
+            "loads_checked": tally.loads_checked,
+            "attempts_ended_before_fault": tally.finished_unkilled,
+            "corrupt_loads": tally.corrupt_loads,
+            "incomplete": tally.incomplete,
+            "lost": tally.lost,
+            "deleted_local_only": tally.deleted_local_only,
+        },
+    }
+    stamp = started["utc"].replace("-", "").replace(":", "")
+    path = results / f"kill-trials-{kills}-{stamp}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"kill trials record: {path}")
+
+
+def test_randomized_kill_trials(
+    tmp_path: pathlib.Path, s3_server: typing.Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     seed = int(os.environ.get("CAIRN_KILL_SEED") or random.SystemRandom().randrange(2**32))
-    kills = int(os.environ.get("CAIRN_KILL_TRIALS", "6"))
+    kills = int(os.environ.get("CAIRN_KILL_TRIALS", str(len(SCHEDULE))))
     print(f"kill trials: seed {seed}, {kills} kills")
+    started: dict[str, typing.Any] = {
+        "utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "versions": {"torch": torch.__version__},
+        "host": {"cores": os.cpu_count()},
+        "load_average_start": list(os.getloadavg()),
+        "_t0": time.monotonic(),
+    }
     per_chain = -(-kills // CHAINS)
     reference = reference_dumps(tmp_path, steps=per_chain * SAVES_PER_ATTEMPT + 8)
     tally = Tally()
@@ -299,10 +401,20 @@ def test_randomized_kill_trials(tmp_path: pathlib.Path, s3_server: typing.Any) -
             future.result()
     summary = (
         f"seed {seed}: {tally.kills} kills {tally.by_phase}, {tally.finished_unkilled} "
-        f"attempts ended before their fault point, {tally.loads_checked} loads checked"
+        f"attempts ended before their fault point, {tally.loads_checked} loads checked, "
+        f"{tally.local_only_checked} never-uploaded local steps followed"
     )
-    print(summary)
+    with capsys.disabled():  # in the CI log whether the test passes or not
+        print(f"\nkill trials summary: {summary}")
+    if os.environ.get("CAIRN_KILL_RECORD"):
+        write_record(seed=seed, kills=kills, tally=tally, started=started)
     assert tally.kills >= kills, summary
+    # A run that checks few loads or skips a phase proves little.
+    assert tally.loads_checked >= kills / 2, summary
+    floor = kills // len(SCHEDULE)
+    thin = {p: tally.by_phase.get(p, 0) for p in SCHEDULE if tally.by_phase.get(p, 0) < floor}
+    assert not thin, f"phases under {floor} kills: {thin}; {summary}"
     assert tally.corrupt_loads == [], summary
     assert tally.incomplete == [], summary
     assert tally.lost == [], summary
+    assert tally.deleted_local_only == [], summary

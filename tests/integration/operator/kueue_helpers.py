@@ -12,7 +12,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cairn.devcluster import cluster, kueue
-from cairn.operator import kueue as protocol
+from cairn.operator.core import kueueplan as protocol
 
 KUEUE_START_SECONDS = 900.0
 """Bound of the first start: it may build Kueue from the Go module proxy (~7 min)."""

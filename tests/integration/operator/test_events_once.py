@@ -4,7 +4,7 @@ Covers: 12 jobs created suspended and 6 created running at once, then the
 running ones suspended: each suspended-at-creation job gets exactly one
 Suspended event, each other job exactly one AttemptStarted, Running,
 Suspending and Suspended, and every job ends with observedGeneration equal
-to its generation. (Before the fix in handlers._Written, kopf's own
+to its generation. (Before the fix in reconcile.Written, kopf's own
 finalizer/annotation patches landing between a status patch and the watch
 catching up made the operator plan from a stale copy and announce
 Suspended/Suspending twice, in every run of this burst.)

@@ -25,8 +25,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cairn.devcluster import kueue
-from cairn.operator import kueue as protocol
-from cairn.operator import podowner
+from cairn.operator.core import kueueplan as protocol
+from cairn.operator.core import podowner
 from tests.integration.devcluster import kube_helpers as kh
 from tests.integration.operator import kueue_helpers as kq
 from tests.integration.operator.conftest import (

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from cairn.devcluster import kueue
-from cairn.operator import kueue as protocol
+from cairn.operator.core import kueueplan as protocol
 from tests.integration.devcluster import kube_helpers as kh
 from tests.integration.operator import kueue_helpers as kq
 from tests.integration.operator.conftest import (

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from cairn.operator import names, podcache
+from cairn.operator import podcache
+from cairn.operator.core import names
 from tests.conftest import DevclusterHandle
 from tests.integration.devcluster import kube_helpers as kh
 

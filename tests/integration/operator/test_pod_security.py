@@ -11,7 +11,7 @@ OwnerReferencesPermissionEnforcement enabled by the devcluster):
 - the overlay's pod fields reach the pods (serviceAccountName,
   topologySpreadConstraints, envFrom, init containers, a native sidecar that
   the node agent stops once the trainer finished);
-- the operator's generated namespaced rules (cairn.operator.rbac) let a
+- the operator's generated namespaced rules (cairn.operator.core.rbac) let a
   ServiceAccount create a child with blockOwnerDeletion; the same rules
   without trainingjobs/finalizers are refused by the admission plugin.
 """
@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from cairn.operator import rbac
+from cairn.operator.core import rbac
 from tests.integration.devcluster import kube_helpers as kh
 from tests.integration.operator.conftest import GROUP, VERSION, Kube, job_body
 

@@ -24,7 +24,7 @@ FAST_INTERVAL = 2
 STAND_IN_WRITER = """
 import time
 from kubernetes import client, config
-from cairn.trainer import runtime_config, status_reporter
+from cairn.checkpoint import runtime_config, status_reporter
 
 cfg = runtime_config.from_env()
 config.load_incluster_config()

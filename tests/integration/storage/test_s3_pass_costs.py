@@ -37,7 +37,8 @@ from kubernetes import client
 
 from cairn.api import trainingjob
 from cairn.checkpoint import options
-from cairn.operator import observe, s3loop, s3observe, s3pass
+from cairn.operator import s3loop, s3observe, s3pass
+from cairn.operator.core import jobobserve
 from tests.conftest import DevclusterHandle, OperatorProcess
 from tests.integration.devcluster import kube_helpers as kh
 from tests.integration.storage.test_storage_operator import (
@@ -113,7 +114,7 @@ class Store:
         return got
 
     def job(self, raw: dict[str, Any]) -> trainingjob.TrainingJob:
-        parsed = observe.parse_job(raw)
+        parsed = jobobserve.parse_job(raw)
         assert isinstance(parsed, trainingjob.TrainingJob)
         return parsed
 

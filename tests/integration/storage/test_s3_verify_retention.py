@@ -28,7 +28,8 @@ from cairn.api import checkpointspec
 from cairn.api import manifest as manifest_mod
 from cairn.checkpoint import layout, options, remote
 from cairn.devcluster import standalone_s3
-from cairn.operator import s3apply, s3observe, s3plan
+from cairn.operator import s3apply, s3observe
+from cairn.operator.core import s3plan
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from cairn.api import jobstatus, trainingjob
-from cairn.trainer import status_reporter
+from cairn.checkpoint import status_reporter
 from tests import demo
 from tests.conftest import DevclusterHandle
 from tests.integration.devcluster import kube_helpers

@@ -7,12 +7,14 @@ timeouts) and which are not (404, 403); bounded retry rounds turn a lasting
 transient failure into TransportError and let other errors through at once;
 the import key rule (TorchTitan, `{"model": sd}`, bare names, a user map)
 and its refusals; the action of a verdict and the outcome when nothing
-loads; what a node-local rank loads itself and which files that reads; the data prefix of a step; the termination message is
+loads; what a node-local rank loads itself and which files that reads, and
+that merging rank 0's entries keeps containers without leaves (LambdaLR); the data prefix of a step; the termination message is
 clipped to 4096 bytes on a character boundary and its path can be overridden.
 """
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import typing
 
@@ -21,6 +23,7 @@ import pytest
 import s3transfer.exceptions
 import torch
 from torch.distributed.checkpoint import state_dict_saver
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 from cairn.api import exitcodes
 from cairn.api import manifest as manifest_mod
@@ -314,3 +317,30 @@ def test_a_node_local_rank_reads_only_its_own_part(tmp_path: pathlib.Path) -> No
     assert load.needed_files(meta, tmpl.dicts) == {"__0_0.distcp"}
     with pytest.raises(errors.CheckpointError, match="does not fit"):
         load.needed_files(meta, {"other": {"x": torch.zeros(1)}})
+
+
+def test_a_node_local_merge_keeps_containers_without_leaves() -> None:
+    """A LambdaLR of `functools.partial`s (every Transformers scheduler) has
+    `lr_lambdas: [{}, {}]`: flattening drops it, and its `load_state_dict`
+    needs it; the merge into the template keeps it and takes every loaded leaf."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, [functools.partial(_halved, 1), functools.partial(_halved, 2)]
+    )
+    dicts: dict[str, typing.Any] = {"lr_scheduler": scheduler.state_dict()}
+    assert dicts["lr_scheduler"]["lr_lambdas"] == [{}, {}]
+    flat, mapping = flatten_state_dict(dicts)
+    assert "lr_scheduler.lr_lambdas" not in flat
+    loaded = {**flat, "lr_scheduler.last_epoch": 10, "lr_scheduler._step_count": 11}
+
+    merged = load.into_template(dicts, loaded, mapping)
+
+    assert merged["lr_scheduler"]["lr_lambdas"] == [{}, {}]
+    assert merged["lr_scheduler"]["last_epoch"] == 10
+    scheduler.load_state_dict(merged["lr_scheduler"])
+    assert scheduler.last_epoch == 10
+
+
+def _halved(scale: int, step: int) -> float:
+    return 0.5**step / scale

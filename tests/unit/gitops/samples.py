@@ -1,7 +1,7 @@
 """Sample TrainingJob objects, one per phase, with the status the operator writes.
 
 Test data, not tests. Each object's status is produced by the operator's own
-pure code (``status.patch`` from a ``lifecycle.Decision``), plus the writer's
+pure code (``status.patch`` from a ``decisions.Decision``), plus the writer's
 checkpoint facts, so the GitOps health tests judge what the operator really
 writes rather than hand-written conditions.
 """
@@ -11,8 +11,8 @@ import datetime
 from typing import Any
 
 from cairn.api import jobstatus, trainingjob
-from cairn.operator import conditions as cond
-from cairn.operator import lifecycle, status
+from cairn.operator.core import conditions as cond
+from cairn.operator.core import decisions, status
 
 T0 = datetime.datetime(2026, 11, 22, 12, 0, 0, tzinfo=datetime.UTC)
 NOW = T0 + datetime.timedelta(minutes=30)
@@ -107,7 +107,7 @@ def job_object(
     raw["status"] = dict(WRITER_FACTS)
     job = trainingjob.TrainingJob.model_validate(raw)
     running = phase not in ("Pending", "Suspended")
-    decision = lifecycle.Decision(
+    decision = decisions.Decision(
         phase=phase,
         reason=sample.reason,
         message=sample.message,

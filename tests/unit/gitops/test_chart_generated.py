@@ -2,7 +2,7 @@
 
 Covers: ``charts/cairn/templates/crd.yaml`` and
 ``charts/cairn/files/operator-rbac.yaml`` equal what ``charts/generate.py``
-produces now (from ``cairn.api.crdgen`` and ``cairn.operator.rbac``); the
+produces now (from ``cairn.api.crdgen`` and ``cairn.operator.core.rbac``); the
 CRD inside the template is byte-for-byte the YAML body of ``crds/`` (so the
 chart and ``kubectl apply -f crds/`` install the same CRD); ``--check``
 exits 1 on drift; the operator's rules grant nothing on Secrets or Nodes and
@@ -19,7 +19,7 @@ from types import ModuleType
 import pytest
 
 from cairn.api import crdgen
-from cairn.operator import rbac
+from cairn.operator.core import rbac
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 

@@ -4,7 +4,7 @@ import datetime
 from typing import Any
 
 from cairn.api import trainingjob
-from cairn.operator import observe, plan
+from cairn.operator.core import jobobserve, jobplan
 
 T0 = datetime.datetime(2026, 11, 22, 12, 0, 0, tzinfo=datetime.UTC)
 JOB_UID = "uid-1"
@@ -23,7 +23,7 @@ def body(**spec: Any) -> dict[str, Any]:
     }
 
 
-def patched(job: trainingjob.TrainingJob, result: plan.Plan) -> trainingjob.TrainingJob:
+def patched(job: trainingjob.TrainingJob, result: jobplan.Plan) -> trainingjob.TrainingJob:
     """What the API server holds after effects applied the plan's status merge patch."""
     raw: dict[str, Any] = job.model_dump(mode="json", by_alias=True, exclude_none=True)
     status = raw.setdefault("status", {})
@@ -45,13 +45,13 @@ def job(status: dict[str, Any] | None = None, **spec: Any) -> trainingjob.Traini
 def pod(
     attempt: int,
     rank: int,
-    phase: observe.PodPhase = "Running",
+    phase: jobobserve.PodPhase = "Running",
     **fields: Any,
-) -> observe.ObservedPod:
+) -> jobobserve.ObservedPod:
     """One of the job's own pods: the name the operator gives it and the job
     (``body``'s uid) as its controller ownerReference, as ``builders.pod`` makes it."""
     fields.setdefault("controller_uid", JOB_UID)
-    return observe.ObservedPod(
+    return jobobserve.ObservedPod(
         name=f"demo-a{attempt}-n{rank}",
         uid=f"pod-{attempt}-{rank}",
         attempt=attempt,

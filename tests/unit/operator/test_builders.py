@@ -9,7 +9,7 @@ user env; deterministic names.
 from typing import Any
 
 from cairn.api import exitcodes, podenv
-from cairn.operator import builders, names
+from cairn.operator.core import builders, names
 
 from . import jobs
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from cairn.api import podenv
-from cairn.operator import builders, kueue, names, observe, plan, podowner
+from cairn.operator.core import builders, jobobserve, jobplan, kueueplan, names, podowner
 
 from . import jobs
 from .test_kueue import ADMITTED, EVICTED, _job
@@ -58,8 +58,8 @@ def _owner(uid: str, *, controller: bool = True) -> dict[str, Any]:
     }
 
 
-def _parsed(raw: dict[str, Any]) -> observe.ObservedPod:
-    pod = observe.parse_pod(raw)
+def _parsed(raw: dict[str, Any]) -> jobobserve.ObservedPod:
+    pod = jobobserve.parse_pod(raw)
     assert pod is not None
     return pod
 
@@ -68,7 +68,7 @@ DECOY = _parsed(_raw_pod("decoy"))
 """The issue's decoy: the job's labels, attempt 99, rank 0, no ownerReference."""
 
 
-def _owns(pod: observe.ObservedPod) -> bool:
+def _owns(pod: jobobserve.ObservedPod) -> bool:
     return podowner.owns(pod, job_name="demo", job_uid=jobs.JOB_UID)
 
 
@@ -120,7 +120,7 @@ def test_a_job_without_a_uid_owns_nothing() -> None:
 def test_attach_moves_strangers_aside() -> None:
     own = jobs.pod(1, 0)
     attached = podowner.attach(
-        observe.Observed(pods=(own, DECOY)), job_name="demo", job_uid=jobs.JOB_UID
+        jobobserve.Observed(pods=(own, DECOY)), job_name="demo", job_uid=jobs.JOB_UID
     )
     assert attached.pods == (own,) and attached.foreign == (DECOY,)
 
@@ -140,8 +140,8 @@ def _running(**spec: Any) -> Any:
     )
 
 
-def _plan(job: Any, *pods: observe.ObservedPod, t: float = 10, **seen: Any) -> plan.Plan:
-    return plan.plan(job=job, observed=observe.Observed(pods=pods, **seen), now=jobs.at(t))
+def _plan(job: Any, *pods: jobobserve.ObservedPod, t: float = 10, **seen: Any) -> jobplan.Plan:
+    return jobplan.plan(job=job, observed=jobobserve.Observed(pods=pods, **seen), now=jobs.at(t))
 
 
 def test_stale_status_guard_ignores_a_decoy_of_attempt_99() -> None:
@@ -170,11 +170,11 @@ def test_active_deadline_fails_the_job_beside_a_decoy() -> None:
     assert {d.name for d in result.deletes} == {"demo-a1-n0", "demo-a1-n1"}
 
 
-def _queued(workload: dict[str, Any], *pods: observe.ObservedPod, job: Any, t: float) -> Any:
-    queue = kueue.Queue(
+def _queued(workload: dict[str, Any], *pods: jobobserve.ObservedPod, job: Any, t: float) -> Any:
+    queue = kueueplan.Queue(
         name="cairn-lq",
-        workload=kueue.parse_workload(workload),
-        placement=kueue.Placement(),
+        workload=kueueplan.parse_workload(workload),
+        placement=kueueplan.Placement(),
     )
     result = _plan(job, *pods, t=t, queue=queue)
     return result, jobs.patched(job, result)
@@ -213,8 +213,8 @@ def test_a_finished_job_never_deletes_a_decoy(cleanup: str) -> None:
 
 
 def test_an_invalid_job_never_deletes_a_decoy() -> None:
-    invalid = observe.parse_job(jobs.body(nodes=0))
-    assert isinstance(invalid, observe.InvalidJob)
+    invalid = jobobserve.parse_job(jobs.body(nodes=0))
+    assert isinstance(invalid, jobobserve.InvalidJob)
     result = _plan(invalid, jobs.pod(1, 0), DECOY)
     assert [d.name for d in result.deletes] == ["demo-a1-n0"]
 
@@ -222,7 +222,7 @@ def test_an_invalid_job_never_deletes_a_decoy() -> None:
 # --- the ForeignPod report ------------------------------------------------------
 
 
-def _foreign_events(result: plan.Plan) -> list[str]:
+def _foreign_events(result: jobplan.Plan) -> list[str]:
     return [e.message for e in result.events if e.reason == podowner.REASON_FOREIGN_POD]
 
 
@@ -269,6 +269,6 @@ def test_a_flood_of_decoys_is_reported_over_several_plans() -> None:
 def test_a_no_op_plan_keeps_what_was_reported() -> None:
     raw = jobs.body()
     raw["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:00Z"
-    job = observe.parse_job(raw)
+    job = jobobserve.parse_job(raw)
     result = _plan(job, DECOY, reported_foreign={DECOY.uid})
     assert result.empty and result.foreign_reported == {DECOY.uid}

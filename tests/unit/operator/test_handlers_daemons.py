@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from cairn.operator import handlers, tunables
+from cairn.operator import handlers, reconcile
+from cairn.operator.core import tunables
 
 from . import jobs
 
@@ -46,13 +47,13 @@ def test_finished_ignores_a_malformed_status() -> None:
 
 def test_resync_is_spread_within_the_jitter() -> None:
     settings = tunables.Reconcile(resync_seconds=60.0, resync_jitter=0.1)
-    assert handlers.resync_wait(settings, draw=lambda: 0.0) == 60.0
-    assert handlers.resync_wait(settings, draw=lambda: 0.999) == pytest.approx(54.006)
-    assert handlers.resync_wait(tunables.Reconcile(resync_jitter=0.0), draw=lambda: 0.5) == 60.0
+    assert reconcile.resync_wait(settings, draw=lambda: 0.0) == 60.0
+    assert reconcile.resync_wait(settings, draw=lambda: 0.999) == pytest.approx(54.006)
+    assert reconcile.resync_wait(tunables.Reconcile(resync_jitter=0.0), draw=lambda: 0.5) == 60.0
 
 
 def test_created_pods_are_awaited_until_the_cache_shows_them() -> None:
-    truth = handlers._PodTruth(list_first=False)
+    truth = reconcile.PodTruth(list_first=False)
     assert not truth.list_next, "a daemon's first reconcile plans from the pod cache"
     n0, n1 = jobs.pod(1, 0), jobs.pod(1, 1)
     truth.expect([n0.name, n1.name], until=10.0)
@@ -63,7 +64,7 @@ def test_created_pods_are_awaited_until_the_cache_shows_them() -> None:
 
 
 def test_expectation_runs_out() -> None:
-    truth = handlers._PodTruth()
+    truth = reconcile.PodTruth()
     truth.expect(["demo-a1-n0"], until=10.0)
     assert truth.awaited((), now=9.9) == {"demo-a1-n0"}
     assert truth.awaited((), now=10.0) == frozenset()

@@ -1,4 +1,4 @@
-"""handlers._Written: which copy of the job a reconcile plans from.
+"""reconcile.Written: which copy of the job a reconcile plans from.
 
 Covers: after our status patch, the watch's view is stale while it shows the
 version the patch replaced *or any version before ours* (kopf's finalizer or
@@ -10,7 +10,7 @@ not integers fall back to the exact-match rule.
 
 from typing import Any
 
-from cairn.operator import handlers
+from cairn.operator import reconcile
 
 
 def _job(version: str, phase: str) -> dict[str, Any]:
@@ -18,7 +18,7 @@ def _job(version: str, phase: str) -> dict[str, Any]:
 
 
 def _written(replaced: str, ours: str) -> Any:
-    written = handlers._Written()
+    written = reconcile.Written()
     written.replaced = replaced
     written.body = _job(ours, "Suspended")
     return written
@@ -26,7 +26,7 @@ def _written(replaced: str, ours: str) -> Any:
 
 def test_nothing_written_plans_from_the_watch() -> None:
     live = _job("10", "Pending")
-    assert handlers._Written().freshest(live) is live
+    assert reconcile.Written().freshest(live) is live
 
 
 def test_the_replaced_version_is_stale() -> None:

@@ -1,4 +1,4 @@
-"""Kueue's Workload protocol: the pure decisions (``kueue``) and the plan they gate.
+"""Kueue's Workload protocol: the pure decisions (``kueueplan``) and the plan they gate.
 
 Covers: a job without the queue label is untouched; a queued job is held
 (Suspended, QueuedByKueue, no pod) without a Workload and while pending, with
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from cairn.api import podenv, trainingjob
-from cairn.operator import builders, conditions, kueue, observe, plan
+from cairn.operator.core import builders, conditions, jobobserve, jobplan, kueueboost, kueueplan
 
 from . import jobs
 
@@ -36,7 +36,7 @@ def _job(
     status: dict[str, Any] | None = None, *, labels: dict[str, str] | None = None, **spec: Any
 ) -> trainingjob.TrainingJob:
     raw = jobs.body(**spec)
-    raw["metadata"]["labels"] = {kueue.QUEUE_LABEL: QUEUE} if labels is None else labels
+    raw["metadata"]["labels"] = {kueueplan.QUEUE_LABEL: QUEUE} if labels is None else labels
     if status is not None:
         raw["status"] = status
     return trainingjob.TrainingJob.model_validate(raw)
@@ -55,7 +55,7 @@ def _cond(kind: str, status: str, reason: str = "R", message: str = "") -> dict[
 ADMISSION = {
     "clusterQueue": "cairn-cq",
     "podSetAssignments": [
-        {"name": kueue.POD_SET, "flavors": {"cpu": "gpu-a", "memory": "gpu-a"}, "count": 2}
+        {"name": kueueplan.POD_SET, "flavors": {"cpu": "gpu-a", "memory": "gpu-a"}, "count": 2}
     ],
 }
 
@@ -64,7 +64,7 @@ def _raw_workload(
     *conds: dict[str, Any], admission: bool = True, **annotations: str
 ) -> dict[str, Any]:
     return {
-        "apiVersion": kueue.API_VERSION,
+        "apiVersion": kueueplan.API_VERSION,
         "kind": "Workload",
         "metadata": {
             "name": "trainingjob-demo-x",
@@ -78,35 +78,39 @@ def _raw_workload(
 
 
 ADMITTED = _raw_workload(
-    _cond(kueue.QUOTA_RESERVED, "True"), _cond(kueue.ADMITTED, "True", "Admitted")
+    _cond(kueueplan.QUOTA_RESERVED, "True"), _cond(kueueplan.ADMITTED, "True", "Admitted")
 )
 PENDING = _raw_workload(
-    _cond(kueue.QUOTA_RESERVED, "False", "Pending", "couldn't assign flavors: insufficient quota"),
+    _cond(
+        kueueplan.QUOTA_RESERVED, "False", "Pending", "couldn't assign flavors: insufficient quota"
+    ),
     admission=False,
 )
 EVICTED = _raw_workload(
-    _cond(kueue.QUOTA_RESERVED, "True"),
-    _cond(kueue.ADMITTED, "True", "Admitted"),
-    _cond(kueue.EVICTED, "True", "Preempted", "Preempted to accommodate a workload"),
+    _cond(kueueplan.QUOTA_RESERVED, "True"),
+    _cond(kueueplan.ADMITTED, "True", "Admitted"),
+    _cond(kueueplan.EVICTED, "True", "Preempted", "Preempted to accommodate a workload"),
 )
 
 
-def _queue(raw: dict[str, Any] | None) -> kueue.Queue:
+def _queue(raw: dict[str, Any] | None) -> kueueplan.Queue:
     if raw is None:
-        return kueue.Queue(name=QUEUE)
-    workload = kueue.parse_workload(raw)
-    where = kueue.placement(workload, {"gpu-a": FLAVOR})
-    return kueue.Queue(name=QUEUE, workload=workload, placement=where)
+        return kueueplan.Queue(name=QUEUE)
+    workload = kueueplan.parse_workload(raw)
+    where = kueueplan.placement(workload, {"gpu-a": FLAVOR})
+    return kueueplan.Queue(name=QUEUE, workload=workload, placement=where)
 
 
 def _run(
     job: trainingjob.TrainingJob,
     workload: dict[str, Any] | None,
-    *pods: observe.ObservedPod,
+    *pods: jobobserve.ObservedPod,
     t: float = 0,
-) -> tuple[plan.Plan, trainingjob.TrainingJob]:
-    queue = _queue(workload) if kueue.queue_name(job) else None
-    result = plan.plan(job=job, observed=observe.Observed(pods=pods, queue=queue), now=jobs.at(t))
+) -> tuple[jobplan.Plan, trainingjob.TrainingJob]:
+    queue = _queue(workload) if kueueplan.queue_name(job) else None
+    result = jobplan.plan(
+        job=job, observed=jobobserve.Observed(pods=pods, queue=queue), now=jobs.at(t)
+    )
     return result, jobs.patched(job, result)
 
 
@@ -130,9 +134,9 @@ def test_queued_job_without_workload_is_held_with_no_pod() -> None:
     assert job.status.phase == "Suspended"
     assert result.creates == () and result.deletes == ()
     held = _suspended(job)
-    assert (held.status, held.reason) == ("True", kueue.REASON_QUEUED)
+    assert (held.status, held.reason) == ("True", kueueplan.REASON_QUEUED)
     assert held.message.startswith(f"waiting for admission in queue {QUEUE}")
-    assert [(e.reason, e.type) for e in result.events] == [(kueue.REASON_QUEUED, "Normal")]
+    assert [(e.reason, e.type) for e in result.events] == [(kueueplan.REASON_QUEUED, "Normal")]
 
 
 def test_pending_workload_holds_and_says_why() -> None:
@@ -159,7 +163,7 @@ def test_admission_starts_pods_where_the_flavor_says() -> None:
 
 
 def test_admission_check_updates_reach_the_pods() -> None:
-    raw = _raw_workload(_cond(kueue.QUOTA_RESERVED, "True"), _cond(kueue.ADMITTED, "True"))
+    raw = _raw_workload(_cond(kueueplan.QUOTA_RESERVED, "True"), _cond(kueueplan.ADMITTED, "True"))
     raw["status"]["admissionChecks"] = [
         {
             "name": "prov",
@@ -167,7 +171,7 @@ def test_admission_check_updates_reach_the_pods() -> None:
             "message": "",
             "podSetUpdates": [
                 {
-                    "name": kueue.POD_SET,
+                    "name": kueueplan.POD_SET,
                     "labels": {"cairn.dev/job-name": "hijack", "team": "a"},
                     "annotations": {"note": "x"},
                     "nodeSelector": {"zone": "z1"},
@@ -197,7 +201,7 @@ def test_eviction_is_the_cairn_suspend_and_resumes_uncounted() -> None:
     assert {d.name for d in result.deletes} == {"demo-a1-n0", "demo-a1-n1"}
     assert result.creates == ()
     [event] = result.events
-    assert event.reason == kueue.REASON_PREEMPTED
+    assert event.reason == kueueplan.REASON_PREEMPTED
     assert event.message.startswith("preempted by Kueue (Preempted: Preempted to accommodate")
     # The pods took their final checkpoint (the writer reported step 40) and are gone.
     status = job.model_dump(mode="json", by_alias=True, exclude_none=True)["status"]
@@ -206,7 +210,7 @@ def test_eviction_is_the_cairn_suspend_and_resumes_uncounted() -> None:
     result, job = _run(job, EVICTED, t=20)
     assert job.status.phase == "Suspended" and result.deletes == ()
     assert "stopped with step 40 committed" in _suspended(job).message
-    assert _suspended(job).reason == kueue.REASON_PREEMPTED
+    assert _suspended(job).reason == kueueplan.REASON_PREEMPTED
     # Re-admitted: attempt 2 resumes from the latest commit; no restart was charged.
     result, job = _run(job, ADMITTED, t=30)
     assert job.status.phase == "Starting" and job.status.attempt == 2
@@ -232,16 +236,16 @@ def test_queued_job_of_another_controller_is_left_alone() -> None:
 
 
 def test_desired_workload_whole_object() -> None:
-    job = _job(labels={kueue.QUEUE_LABEL: QUEUE, kueue.PRIORITY_LABEL: "high"})
+    job = _job(labels={kueueplan.QUEUE_LABEL: QUEUE, kueueplan.PRIORITY_LABEL: "high"})
     template = {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": []}}
-    body = kueue.desired_workload(
+    body = kueueplan.desired_workload(
         job=job, owner=builders.owner_reference(job), template=template, priority=("high", 1000)
     )
     assert body == {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "Workload",
         "metadata": {
-            "name": kueue.workload_name(job),
+            "name": kueueplan.workload_name(job),
             "namespace": "ml",
             "labels": {"cairn.dev/job-name": "demo"},
             "ownerReferences": [
@@ -272,83 +276,85 @@ def test_desired_workload_whole_object() -> None:
 def test_workload_template_is_the_pod_the_job_would_run() -> None:
     job = _job(resources={"requests": {"cpu": "1"}})
     pod = builders.pod(job, attempt=1, rank=0, resume=podenv.ResumeTarget(kind="latest"))
-    template = kueue.pod_template(pod)
+    template = kueueplan.pod_template(pod)
     assert template["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "1"}}
     assert "name" not in template["metadata"] and "ownerReferences" not in template["metadata"]
 
 
 def test_desired_workload_refuses_an_unqueued_job() -> None:
     with pytest.raises(ValueError, match="queue-name"):
-        kueue.desired_workload(job=_job(labels={}), owner={}, template={}, priority=None)
+        kueueplan.desired_workload(job=_job(labels={}), owner={}, template={}, priority=None)
 
 
 def test_workload_name_is_per_object_and_bounded() -> None:
     first = _job()
-    assert kueue.workload_name(first) == kueue.workload_name(_job())
+    assert kueueplan.workload_name(first) == kueueplan.workload_name(_job())
     other = trainingjob.TrainingJob.model_validate(
         {**jobs.body(), "metadata": {"name": "demo", "namespace": "ml", "uid": "uid-2"}}
     )
-    assert kueue.workload_name(other) != kueue.workload_name(first)
+    assert kueueplan.workload_name(other) != kueueplan.workload_name(first)
     longest = trainingjob.TrainingJob.model_validate(
         {**jobs.body(), "metadata": {"name": "n" * 45, "namespace": "ml", "uid": "u"}}
     )
-    assert len(kueue.workload_name(longest)) <= 63  # also a valid label value
+    assert len(kueueplan.workload_name(longest)) <= 63  # also a valid label value
 
 
 # --- parsing and patches ---------------------------------------------------------
 
 
 def test_parse_admitted_and_evicted() -> None:
-    admitted = kueue.parse_workload(ADMITTED)
+    admitted = kueueplan.parse_workload(ADMITTED)
     assert (admitted.admitted, admitted.quota_reserved, admitted.evicted) == (True, True, None)
     assert admitted.flavors == ("gpu-a",) and admitted.resource_version == "42"
-    evicted = kueue.parse_workload(EVICTED)
+    evicted = kueueplan.parse_workload(EVICTED)
     assert evicted.evicted == ("Preempted", "Preempted to accommodate a workload")
-    pending = kueue.parse_workload(PENDING)
+    pending = kueueplan.parse_workload(PENDING)
     assert not pending.quota_reserved and pending.waiting.startswith("couldn't assign")
 
 
 def test_release_patch_gives_the_quota_back() -> None:
     now = datetime.datetime(2026, 11, 22, 12, 0, 5, tzinfo=datetime.UTC)
-    patch = kueue.release_patch(kueue.parse_workload(EVICTED), now=now)
+    patch = kueueplan.release_patch(kueueplan.parse_workload(EVICTED), now=now)
     assert patch is not None
     assert patch["metadata"] == {"resourceVersion": "42"}
     assert patch["status"]["admission"] is None
     by_type = {c["type"]: c for c in patch["status"]["conditions"]}
-    assert by_type[kueue.QUOTA_RESERVED]["status"] == "False"
-    assert by_type[kueue.QUOTA_RESERVED]["lastTransitionTime"] == "2026-11-22T12:00:05Z"
-    assert (by_type[kueue.ADMITTED]["status"], by_type[kueue.ADMITTED]["reason"]) == (
+    assert by_type[kueueplan.QUOTA_RESERVED]["status"] == "False"
+    assert by_type[kueueplan.QUOTA_RESERVED]["lastTransitionTime"] == "2026-11-22T12:00:05Z"
+    assert (by_type[kueueplan.ADMITTED]["status"], by_type[kueueplan.ADMITTED]["reason"]) == (
         "False",
-        kueue.NO_RESERVATION,
+        kueueplan.NO_RESERVATION,
     )
-    assert (by_type[kueue.REQUEUED]["status"], by_type[kueue.REQUEUED]["reason"]) == (
+    assert (by_type[kueueplan.REQUEUED]["status"], by_type[kueueplan.REQUEUED]["reason"]) == (
         "True",
         "Preempted",
     )
     # Evicted stays as Kueue wrote it (Kueue resets it at the next admission).
-    assert by_type[kueue.EVICTED]["lastTransitionTime"] == "2026-11-22T11:00:00Z"
+    assert by_type[kueueplan.EVICTED]["lastTransitionTime"] == "2026-11-22T11:00:00Z"
 
 
 def test_release_patch_only_for_an_evicted_reservation() -> None:
     now = jobs.T0
-    assert kueue.release_patch(kueue.parse_workload(ADMITTED), now=now) is None
+    assert kueueplan.release_patch(kueueplan.parse_workload(ADMITTED), now=now) is None
     released = _raw_workload(
-        _cond(kueue.QUOTA_RESERVED, "False"),
-        _cond(kueue.EVICTED, "True", "Preempted"),
+        _cond(kueueplan.QUOTA_RESERVED, "False"),
+        _cond(kueueplan.EVICTED, "True", "Preempted"),
         admission=False,
     )
-    assert kueue.release_patch(kueue.parse_workload(released), now=now) is None
+    assert kueueplan.release_patch(kueueplan.parse_workload(released), now=now) is None
 
 
 def test_finished_patch_once() -> None:
-    workload = kueue.parse_workload(ADMITTED)
-    patch = kueue.finished_patch(workload, succeeded=True, message="done", now=jobs.T0)
+    workload = kueueplan.parse_workload(ADMITTED)
+    patch = kueueplan.finished_patch(workload, succeeded=True, message="done", now=jobs.T0)
     assert patch is not None
-    [finished] = [c for c in patch["status"]["conditions"] if c["type"] == kueue.FINISHED]
+    [finished] = [c for c in patch["status"]["conditions"] if c["type"] == kueueplan.FINISHED]
     assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
-    done = _raw_workload(_cond(kueue.FINISHED, "True", "Succeeded"))
+    done = _raw_workload(_cond(kueueplan.FINISHED, "True", "Succeeded"))
     assert (
-        kueue.finished_patch(kueue.parse_workload(done), succeeded=True, message="", now=jobs.T0)
+        kueueplan.finished_patch(
+            kueueplan.parse_workload(done), succeeded=True, message="", now=jobs.T0
+        )
         is None
     )
 
@@ -393,52 +399,52 @@ def test_boost_follows_uncommitted_work(
     expected: int,
 ) -> None:
     job = _boosted(started=started, step=step, committed=committed)
-    assert kueue.boost(job, now=jobs.at(t)) == expected
+    assert kueueboost.boost(job, now=jobs.at(t)) == expected
 
 
 def test_boost_resets_at_a_commit_and_does_not_churn() -> None:
     before = _boosted(started=0, step=90, committed=(50, 0))
-    values = [kueue.boost(before, now=jobs.at(t)) for t in range(0, 300, 7)]
+    values = [kueueboost.boost(before, now=jobs.at(t)) for t in range(0, 300, 7)]
     assert values == sorted(values) and len(set(values)) == 5  # 0..4, one change per minute
     after = _boosted(started=0, step=91, committed=(90, 299))
-    assert kueue.boost(after, now=jobs.at(300)) == 0
+    assert kueueboost.boost(after, now=jobs.at(300)) == 0
 
 
 def test_next_boost_change_is_the_bucket_edge() -> None:
     job = _boosted(started=0, step=60, committed=(50, 100))
-    assert kueue.next_boost_change(job, now=jobs.at(130)) == pytest.approx(30)
-    assert kueue.next_boost_change(job, now=jobs.at(100 + 10**6)) is None
+    assert kueueboost.next_boost_change(job, now=jobs.at(130)) == pytest.approx(30)
+    assert kueueboost.next_boost_change(job, now=jobs.at(100 + 10**6)) is None
     assert (
-        kueue.next_boost_change(_boosted(started=None, step=None, committed=None), now=jobs.T0)
+        kueueboost.next_boost_change(_boosted(started=None, step=None, committed=None), now=jobs.T0)
         is None
     )
 
 
 def test_custom_policy_and_its_limits() -> None:
-    policy = kueue.BoostPolicy(bucket_seconds=10, per_bucket=5, max_boost=20)
+    policy = kueueboost.BoostPolicy(bucket_seconds=10, per_bucket=5, max_boost=20)
     job = _boosted(started=0, step=60, committed=(50, 100))
-    assert kueue.boost(job, now=jobs.at(125), policy=policy) == 10
-    assert kueue.boost(job, now=jobs.at(1000), policy=policy) == 20
+    assert kueueboost.boost(job, now=jobs.at(125), policy=policy) == 10
+    assert kueueboost.boost(job, now=jobs.at(1000), policy=policy) == 20
     with pytest.raises(ValueError, match="bucket_seconds"):
-        kueue.BoostPolicy(bucket_seconds=0)
+        kueueboost.BoostPolicy(bucket_seconds=0)
 
 
 def test_boost_patch() -> None:
-    assert kueue.boost_patch(None, 0) is None
-    assert kueue.boost_patch("3", 3) is None
-    assert kueue.boost_patch(None, 4) == {
-        "metadata": {"annotations": {kueue.BOOST_ANNOTATION: "4"}}
+    assert kueueboost.boost_patch(None, 0) is None
+    assert kueueboost.boost_patch("3", 3) is None
+    assert kueueboost.boost_patch(None, 4) == {
+        "metadata": {"annotations": {kueueplan.BOOST_ANNOTATION: "4"}}
     }
-    assert kueue.boost_patch("4", 0) == {
-        "metadata": {"annotations": {kueue.BOOST_ANNOTATION: None}}
+    assert kueueboost.boost_patch("4", 0) == {
+        "metadata": {"annotations": {kueueplan.BOOST_ANNOTATION: None}}
     }
 
 
 def _ready(raw: dict[str, Any], phase: str) -> tuple[str, str] | None:
-    patch = kueue.pods_ready_patch(kueue.parse_workload(raw), phase=phase, now=jobs.T0)
+    patch = kueueplan.pods_ready_patch(kueueplan.parse_workload(raw), phase=phase, now=jobs.T0)
     if patch is None:
         return None
-    [ready] = [c for c in patch["status"]["conditions"] if c["type"] == kueue.PODS_READY]
+    [ready] = [c for c in patch["status"]["conditions"] if c["type"] == kueueplan.PODS_READY]
     return ready["status"], ready["reason"]
 
 
@@ -446,16 +452,16 @@ def test_pods_ready_follows_the_phase() -> None:
     assert _ready(ADMITTED, "Starting") == ("False", "WaitForStart")
     assert _ready(ADMITTED, "Running") == ("True", "Started")
     started = _raw_workload(
-        _cond(kueue.QUOTA_RESERVED, "True"),
-        _cond(kueue.ADMITTED, "True"),
-        _cond(kueue.PODS_READY, "True", "Started"),
+        _cond(kueueplan.QUOTA_RESERVED, "True"),
+        _cond(kueueplan.ADMITTED, "True"),
+        _cond(kueueplan.PODS_READY, "True", "Started"),
     )
     assert _ready(started, "Running") is None  # no churn
     assert _ready(started, "Restarting") == ("False", "WaitForRecovery")
     recovering = _raw_workload(
-        _cond(kueue.QUOTA_RESERVED, "True"),
-        _cond(kueue.ADMITTED, "True"),
-        _cond(kueue.PODS_READY, "False", "WaitForRecovery"),
+        _cond(kueueplan.QUOTA_RESERVED, "True"),
+        _cond(kueueplan.ADMITTED, "True"),
+        _cond(kueueplan.PODS_READY, "False", "WaitForRecovery"),
     )
     assert _ready(recovering, "Starting") is None
     assert _ready(recovering, "Running") == ("True", "Recovered")

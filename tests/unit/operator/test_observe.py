@@ -7,7 +7,7 @@ a semantically invalid job parses into InvalidJob naming the field.
 
 from typing import Any
 
-from cairn.operator import observe
+from cairn.operator.core import jobobserve
 
 from . import jobs
 
@@ -48,7 +48,7 @@ def test_failed_pod_with_exit_code_and_disruption() -> None:
         ],
     )
     raw["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:06Z"
-    assert observe.parse_pod(raw) == observe.ObservedPod(
+    assert jobobserve.parse_pod(raw) == jobobserve.ObservedPod(
         name="demo-a2-n1",
         uid="u",
         attempt=2,
@@ -65,7 +65,7 @@ def test_failed_pod_with_exit_code_and_disruption() -> None:
 
 
 def test_foreign_pods_are_ignored_and_order_is_stable() -> None:
-    seen = observe.observe(
+    seen = jobobserve.observe(
         pods=[
             _raw("1", "1", phase="Running", conditions=[{"type": "Ready", "status": "True"}]),
             {"metadata": {"name": "other", "labels": {}}},
@@ -80,8 +80,8 @@ def test_foreign_pods_are_ignored_and_order_is_stable() -> None:
 
 def test_invalid_job() -> None:
     raw = jobs.body(nodes=0)
-    parsed = observe.parse_job(raw)
-    assert isinstance(parsed, observe.InvalidJob)
+    parsed = jobobserve.parse_job(raw)
+    assert isinstance(parsed, jobobserve.InvalidJob)
     assert "spec.nodes" in parsed.error
     assert parsed.metadata.name == "demo"
 
@@ -106,7 +106,7 @@ def test_waiting_reason_unschedulable_and_messages() -> None:
             }
         ],
     )
-    pod = observe.parse_pod(waiting)
+    pod = jobobserve.parse_pod(waiting)
     assert pod is not None
     assert pod.not_starting == (
         "CreateContainerConfigError",
@@ -120,7 +120,7 @@ def test_waiting_reason_unschedulable_and_messages() -> None:
             {"name": "trainer", "state": {"waiting": {"reason": "ContainerCreating"}}}
         ],
     )
-    parsed = observe.parse_pod(creating)
+    parsed = jobobserve.parse_pod(creating)
     assert parsed is not None and parsed.not_starting is None
     unscheduled = _raw(
         "1",
@@ -135,7 +135,7 @@ def test_waiting_reason_unschedulable_and_messages() -> None:
             }
         ],
     )
-    stuck = observe.parse_pod(unscheduled)
+    stuck = jobobserve.parse_pod(unscheduled)
     assert stuck is not None
     assert stuck.not_starting == (
         "Unschedulable",
@@ -157,7 +157,7 @@ def test_termination_message_and_eviction() -> None:
             }
         ],
     )
-    pod = observe.parse_pod(raw)
+    pod = jobobserve.parse_pod(raw)
     assert pod is not None
     assert (pod.exit_code, pod.termination_message) == (78, "bad resume target")
     assert pod.pod_reason == "Evicted" and "exceeds the total limit" in pod.pod_message

@@ -15,19 +15,19 @@ from typing import Any
 import pytest
 
 from cairn.api import trainingjob
-from cairn.operator import conditions, lifecycle, observe, plan
+from cairn.operator.core import conditions, jobobserve, jobplan, restartpolicy
 
 from . import jobs
 
 
 def _run(
     job: trainingjob.TrainingJob,
-    *pods: observe.ObservedPod,
+    *pods: jobobserve.ObservedPod,
     t: float = 0,
-) -> tuple[plan.Plan, trainingjob.TrainingJob]:
-    result = plan.plan(
+) -> tuple[jobplan.Plan, trainingjob.TrainingJob]:
+    result = jobplan.plan(
         job=job,
-        observed=observe.Observed(pods=pods),
+        observed=jobobserve.Observed(pods=pods),
         now=jobs.at(t),
     )
     return result, jobs.patched(job, result)
@@ -160,7 +160,7 @@ def test_failed_rank_fails_the_gang_then_backoff_then_next_attempt() -> None:
         "unknown",
     ],
 )
-def test_preemptions_are_not_counted(pods: tuple[observe.ObservedPod, ...], why: str) -> None:
+def test_preemptions_are_not_counted(pods: tuple[jobobserve.ObservedPod, ...], why: str) -> None:
     job = _running(restartPolicy={"maxRestarts": 0})
     result, job = _run(job, *pods, t=50)
     assert job.status.phase == "Restarting"
@@ -205,7 +205,12 @@ def test_max_restarts_exceeded() -> None:
 
 def test_backoff_is_exponential_and_capped() -> None:
     policy = trainingjob.RestartPolicy(backoff_seconds=10, max_backoff_seconds=35)
-    assert [lifecycle.backoff_seconds(policy, restarts=r) for r in (1, 2, 3, 4)] == [10, 20, 35, 35]
+    assert [restartpolicy.backoff_seconds(policy, restarts=r) for r in (1, 2, 3, 4)] == [
+        10,
+        20,
+        35,
+        35,
+    ]
 
 
 def test_active_deadline() -> None:
@@ -277,9 +282,11 @@ def test_success_with_cleanup_delete() -> None:
 def test_semantic_error_is_a_failed_condition_not_a_crash() -> None:
     raw = jobs.body()
     raw["spec"]["checkpoint"] = {"retention": {"local": {"keepLast": 1}}}
-    parsed = observe.parse_job(raw)
-    assert isinstance(parsed, observe.InvalidJob)
-    result = plan.plan(job=parsed, observed=observe.Observed(pods=(jobs.pod(1, 0),)), now=jobs.T0)
+    parsed = jobobserve.parse_job(raw)
+    assert isinstance(parsed, jobobserve.InvalidJob)
+    result = jobplan.plan(
+        job=parsed, observed=jobobserve.Observed(pods=(jobs.pod(1, 0),)), now=jobs.T0
+    )
     assert result.status is not None and result.status["phase"] == "Failed"
     failed = next(c for c in result.status["conditions"] if c["type"] == conditions.FAILED)
     assert failed["reason"] == conditions.REASON_INVALID_SPEC

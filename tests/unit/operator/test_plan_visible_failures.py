@@ -16,19 +16,19 @@ counted; the backoff doubles and starts over after a healthy attempt.
 from typing import Any
 
 from cairn.api import exitcodes, trainingjob
-from cairn.operator import conditions, lifecycle, observe, plan
+from cairn.operator.core import conditions, decisions, jobobserve, jobplan, lifecycle, restartpolicy
 
 from . import jobs
 
 
 def _run(
     job: trainingjob.TrainingJob,
-    *pods: observe.ObservedPod,
+    *pods: jobobserve.ObservedPod,
     t: float = 0,
-    errors: tuple[observe.CreateError, ...] = (),
-) -> tuple[plan.Plan, trainingjob.TrainingJob]:
-    result = plan.plan(
-        job=job, observed=observe.Observed(pods=pods, create_errors=errors), now=jobs.at(t)
+    errors: tuple[jobobserve.CreateError, ...] = (),
+) -> tuple[jobplan.Plan, trainingjob.TrainingJob]:
+    result = jobplan.plan(
+        job=job, observed=jobobserve.Observed(pods=pods, create_errors=errors), now=jobs.at(t)
     )
     return result, jobs.patched(job, result)
 
@@ -45,11 +45,11 @@ def _started(**spec: Any) -> trainingjob.TrainingJob:
     return job
 
 
-def _warnings(result: plan.Plan) -> list[str]:
+def _warnings(result: jobplan.Plan) -> list[str]:
     return [e.reason for e in result.events if e.type == "Warning"]
 
 
-INVALID = observe.CreateError(
+INVALID = jobobserve.CreateError(
     kind="Pod",
     name="demo-a1-n0",
     code=422,
@@ -75,7 +75,7 @@ def test_invalid_pod_fails_the_job_with_the_api_message() -> None:
 
 def test_forbidden_create_is_shown_and_retried() -> None:
     job = _started()
-    forbidden = observe.CreateError(
+    forbidden = jobobserve.CreateError(
         kind="Pod",
         name="demo-a1-n0",
         code=403,
@@ -100,7 +100,7 @@ def test_forbidden_create_is_shown_and_retried() -> None:
 
 def test_foreign_object_with_a_child_name_is_a_name_conflict() -> None:
     job = _started()
-    conflict = observe.CreateError(
+    conflict = jobobserve.CreateError(
         kind="Service",
         name="demo",
         code=409,
@@ -118,7 +118,7 @@ def test_foreign_object_with_a_child_name_is_a_name_conflict() -> None:
     assert _cond(job, conditions.NAME_CONFLICT).status == "False"
 
 
-def _stuck_pod(rank: int, **fields: Any) -> observe.ObservedPod:
+def _stuck_pod(rank: int, **fields: Any) -> jobobserve.ObservedPod:
     return jobs.pod(1, rank, "Pending", **fields)
 
 
@@ -314,13 +314,13 @@ def test_backoff_doubles_then_resets_after_a_healthy_attempt() -> None:
     policy = trainingjob.RestartPolicy(
         backoff_seconds=10, max_backoff_seconds=100, backoff_reset_seconds=600
     )
-    first = lifecycle.next_backoff(policy, previous=None, restarts=1, ran_seconds=5)
+    first = restartpolicy.next_backoff(policy, previous=None, restarts=1, ran_seconds=5)
     assert first == 10
-    prev = lifecycle.Failure(attempt=1, time=jobs.T0, reason="x", message="", backoff_seconds=40)
-    assert lifecycle.next_backoff(policy, previous=prev, restarts=4, ran_seconds=5) == 80
-    capped = lifecycle.Failure(attempt=1, time=jobs.T0, reason="x", message="", backoff_seconds=80)
-    assert lifecycle.next_backoff(policy, previous=capped, restarts=5, ran_seconds=5) == 100
-    assert lifecycle.next_backoff(policy, previous=capped, restarts=5, ran_seconds=600) == 10
+    prev = decisions.Failure(attempt=1, time=jobs.T0, reason="x", message="", backoff_seconds=40)
+    assert restartpolicy.next_backoff(policy, previous=prev, restarts=4, ran_seconds=5) == 80
+    capped = decisions.Failure(attempt=1, time=jobs.T0, reason="x", message="", backoff_seconds=80)
+    assert restartpolicy.next_backoff(policy, previous=capped, restarts=5, ran_seconds=5) == 100
+    assert restartpolicy.next_backoff(policy, previous=capped, restarts=5, ran_seconds=600) == 10
 
 
 def test_restart_records_its_backoff_and_waits_it() -> None:

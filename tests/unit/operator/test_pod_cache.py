@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from cairn.operator import __main__ as operator_main
-from cairn.operator import names, podcache
+from cairn.operator import podcache
+from cairn.operator.core import names
 
 NS = "team"
 

@@ -13,7 +13,7 @@ Events (once per change of reason, none when unchanged); the
 import pytest
 
 from cairn.api import checkpointspec, jobstatus, s3owner
-from cairn.operator import conditions, prefixclaim
+from cairn.operator.core import conditions, prefixplan
 
 ME = s3owner.Owner(uid="u-1", namespace="ml", name="a")
 
@@ -26,14 +26,14 @@ WITH_SECRET = {"credentialsSecretRef": {"name": "s3"}}
 
 
 def test_settings_from_env() -> None:
-    assert prefixclaim.Settings.from_env({}) == prefixclaim.Settings()
-    got = prefixclaim.Settings.from_env(
+    assert prefixplan.Settings.from_env({}) == prefixplan.Settings()
+    got = prefixplan.Settings.from_env(
         {
-            prefixclaim.ENV_ALLOW_OPERATOR_IDENTITY: "true",
-            prefixclaim.ENV_ENDPOINT_ALLOW_LIST: " http://a:1 ,,https://b ",
+            prefixplan.ENV_ALLOW_OPERATOR_IDENTITY: "true",
+            prefixplan.ENV_ENDPOINT_ALLOW_LIST: " http://a:1 ,,https://b ",
         }
     )
-    assert got == prefixclaim.Settings(
+    assert got == prefixplan.Settings(
         allow_operator_identity=True, endpoint_allow_list=("http://a:1", "https://b")
     )
 
@@ -41,25 +41,25 @@ def test_settings_from_env() -> None:
 @pytest.mark.parametrize(
     ("spec", "settings", "reason"),
     [
-        ({}, prefixclaim.Settings(), prefixclaim.REASON_IDENTITY),
-        ({}, prefixclaim.Settings(allow_operator_identity=True), None),
-        (WITH_SECRET, prefixclaim.Settings(), None),
+        ({}, prefixplan.Settings(), prefixplan.REASON_IDENTITY),
+        ({}, prefixplan.Settings(allow_operator_identity=True), None),
+        (WITH_SECRET, prefixplan.Settings(), None),
         (
             {**WITH_SECRET, "endpoint": "http://169.254.169.254"},
-            prefixclaim.Settings(endpoint_allow_list=("http://10.0.0.1:9000",)),
-            prefixclaim.REASON_ENDPOINT,
+            prefixplan.Settings(endpoint_allow_list=("http://10.0.0.1:9000",)),
+            prefixplan.REASON_ENDPOINT,
         ),
         (
             {**WITH_SECRET, "endpoint": "http://MINIO.local/"},
-            prefixclaim.Settings(endpoint_allow_list=("http://minio.local:80",)),
+            prefixplan.Settings(endpoint_allow_list=("http://minio.local:80",)),
             None,
         ),
         (
             {**WITH_SECRET, "endpoint": "https://minio.local:9000"},
-            prefixclaim.Settings(endpoint_allow_list=("http://minio.local:9000",)),
-            prefixclaim.REASON_ENDPOINT,
+            prefixplan.Settings(endpoint_allow_list=("http://minio.local:9000",)),
+            prefixplan.REASON_ENDPOINT,
         ),
-        ({**WITH_SECRET, "endpoint": "http://anything:1"}, prefixclaim.Settings(), None),
+        ({**WITH_SECRET, "endpoint": "http://anything:1"}, prefixplan.Settings(), None),
     ],
     ids=[
         "identity-off",
@@ -72,24 +72,24 @@ def test_settings_from_env() -> None:
     ],
 )
 def test_access_gate(
-    spec: dict[str, object], settings: prefixclaim.Settings, reason: str | None
+    spec: dict[str, object], settings: prefixplan.Settings, reason: str | None
 ) -> None:
-    refused = prefixclaim.access_refusal(upload(**spec), settings)
+    refused = prefixplan.access_refusal(upload(**spec), settings)
     assert (refused.reason if refused else None) == reason
     if refused is not None:
         assert not refused.owned and refused.message
 
 
 def test_decide() -> None:
-    assert prefixclaim.decide(found=None, me=ME)[0] == "create"
-    action, claim = prefixclaim.decide(found=ME, me=ME)
+    assert prefixplan.decide(found=None, me=ME)[0] == "create"
+    action, claim = prefixplan.decide(found=ME, me=ME)
     assert (action, claim.owned) == ("use", True)
     twin = s3owner.Owner(uid="u-2", namespace="ml", name="a")  # recreated: another job
-    action, claim = prefixclaim.decide(found=twin, me=ME)
-    assert (action, claim.owned, claim.reason) == ("refuse", False, prefixclaim.REASON_FOREIGN)
+    action, claim = prefixplan.decide(found=twin, me=ME)
+    assert (action, claim.owned, claim.reason) == ("refuse", False, prefixplan.REASON_FOREIGN)
     assert "ml/a (uid u-2)" in claim.message
-    action, claim = prefixclaim.decide(found=s3owner.parse_owner(b"{not json"), me=ME)
-    assert (action, claim.reason) == ("refuse", prefixclaim.REASON_UNREADABLE)
+    action, claim = prefixplan.decide(found=s3owner.parse_owner(b"{not json"), me=ME)
+    assert (action, claim.reason) == ("refuse", prefixplan.REASON_UNREADABLE)
 
 
 def test_owner_round_trip() -> None:
@@ -97,33 +97,33 @@ def test_owner_round_trip() -> None:
     assert isinstance(s3owner.parse_owner(b'{"uid": "x"}'), s3owner.Unreadable)
 
 
-def _storage(claim: prefixclaim.Claim | None) -> jobstatus.StorageStatus:
+def _storage(claim: prefixplan.Claim | None) -> jobstatus.StorageStatus:
     return jobstatus.StorageStatus.model_validate({"claim": claim.status() if claim else None})
 
 
-FOREIGN = prefixclaim.decide(found=s3owner.Owner(uid="x", namespace="o", name="b"), me=ME)[1]
-OWNED = prefixclaim.decide(found=ME, me=ME)[1]
+FOREIGN = prefixplan.decide(found=s3owner.Owner(uid="x", namespace="o", name="b"), me=ME)[1]
+OWNED = prefixplan.decide(found=ME, me=ME)[1]
 
 
 def test_with_claim_patches_and_announces_changes_once() -> None:
-    patch, notices = prefixclaim.with_claim({"lastError": None}, (), previous=None, claim=FOREIGN)
+    patch, notices = prefixplan.with_claim({"lastError": None}, (), previous=None, claim=FOREIGN)
     assert patch == {"lastError": None, "claim": FOREIGN.status()}
-    assert [(n.type, n.reason) for n in notices] == [("Warning", prefixclaim.REASON_FOREIGN)]
-    same = prefixclaim.with_claim(None, (), previous=_storage(FOREIGN), claim=FOREIGN)
+    assert [(n.type, n.reason) for n in notices] == [("Warning", prefixplan.REASON_FOREIGN)]
+    same = prefixplan.with_claim(None, (), previous=_storage(FOREIGN), claim=FOREIGN)
     assert same == (None, ())
-    patch, notices = prefixclaim.with_claim(None, (), previous=_storage(FOREIGN), claim=OWNED)
+    patch, notices = prefixplan.with_claim(None, (), previous=_storage(FOREIGN), claim=OWNED)
     assert patch == {"claim": OWNED.status()}
-    assert [(n.type, n.reason) for n in notices] == [("Normal", prefixclaim.REASON_OWNED)]
-    assert prefixclaim.with_claim(None, (), previous=_storage(OWNED), claim=None) == (None, ())
+    assert [(n.type, n.reason) for n in notices] == [("Normal", prefixplan.REASON_OWNED)]
+    assert prefixplan.with_claim(None, (), previous=_storage(OWNED), claim=None) == (None, ())
 
 
 def test_condition() -> None:
-    refused = prefixclaim.condition(_storage(FOREIGN))
+    refused = prefixplan.condition(_storage(FOREIGN))
     assert (refused.type, refused.status, refused.reason) == (
         conditions.STORAGE_REFUSED,
         True,
-        prefixclaim.REASON_FOREIGN,
+        prefixplan.REASON_FOREIGN,
     )
-    owned = prefixclaim.condition(_storage(OWNED))
-    assert (owned.status, owned.reason, owned.message) == (False, prefixclaim.REASON_OWNED, "")
-    assert prefixclaim.condition(None).reason == prefixclaim.REASON_NOT_CLAIMED
+    owned = prefixplan.condition(_storage(OWNED))
+    assert (owned.status, owned.reason, owned.message) == (False, prefixplan.REASON_OWNED, "")
+    assert prefixplan.condition(None).reason == prefixplan.REASON_NOT_CLAIMED

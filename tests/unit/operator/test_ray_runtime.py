@@ -15,7 +15,7 @@ operator's status.ray patch never carries the driver's keys.
 from typing import Any
 
 from cairn.api import exitcodes, podenv
-from cairn.operator import builders, k8stypes, names, observe, plan, raystatus
+from cairn.operator.core import builders, jobobserve, jobplan, k8stypes, names, raystatus
 
 from . import jobs
 from .test_plan_lifecycle import _run
@@ -115,7 +115,7 @@ def test_worker_failing_after_a_head_success_does_not_fail_the_job() -> None:
     assert job.status.phase == "Succeeded"
 
 
-def _follower(finished: float) -> observe.ObservedPod:
+def _follower(finished: float) -> jobobserve.ObservedPod:
     return jobs.pod(
         1,
         1,
@@ -186,7 +186,7 @@ def _with_ray_status(job: Any, ray: dict[str, Any]) -> Any:
     return type(job).model_validate(raw)
 
 
-def _merge_ray(job: Any, result: plan.Plan) -> Any:
+def _merge_ray(job: Any, result: jobplan.Plan) -> Any:
     """Like the API server: the operator's status.ray keys merged into the driver's."""
     before = job.model_dump(mode="json", by_alias=True, exclude_none=True)["status"].get("ray")
     after = jobs.patched(job, result)
@@ -210,7 +210,7 @@ def test_in_place_restart_is_announced_once() -> None:
             },
         },
     )
-    result = plan.plan(job=job, observed=observe.Observed(pods=_pods()), now=jobs.at(11))
+    result = jobplan.plan(job=job, observed=jobobserve.Observed(pods=_pods()), now=jobs.at(11))
     assert [e.reason for e in result.events] == [raystatus.EVENT_REASON]
     assert result.events[0].message == (
         "in-place restart 1, rank-actor group 1 restores from step 10: rank 1 actor died"
@@ -219,7 +219,7 @@ def test_in_place_restart_is_announced_once() -> None:
     assert result.status["ray"] == {"announcedInPlaceRestarts": 1}
     job = _merge_ray(job, result)
     assert job.status.ray is not None and job.status.ray.in_place_restarts == 1
-    again = plan.plan(job=job, observed=observe.Observed(pods=_pods()), now=jobs.at(12))
+    again = jobplan.plan(job=job, observed=jobobserve.Observed(pods=_pods()), now=jobs.at(12))
     assert again.events == () and again.status is None
     assert job.status.phase == "Running"
 
@@ -228,7 +228,7 @@ def test_several_restarts_between_two_looks_are_one_event() -> None:
     job = _with_ray_status(
         _running_ray(), {"group": 3, "inPlaceRestarts": 3, "announcedInPlaceRestarts": 1}
     )
-    result = plan.plan(job=job, observed=observe.Observed(pods=_pods()), now=jobs.at(11))
+    result = jobplan.plan(job=job, observed=jobobserve.Observed(pods=_pods()), now=jobs.at(11))
     (event,) = result.events
     assert event.message.startswith("in-place restarts 2-3, rank-actor group 3 restores from")
 
@@ -238,5 +238,5 @@ def test_torchrun_jobs_never_touch_status_ray() -> None:
     assert result.status is not None and "ray" not in result.status
 
 
-def _pods() -> tuple[observe.ObservedPod, ...]:
+def _pods() -> tuple[jobobserve.ObservedPod, ...]:
     return (jobs.pod(1, 0), jobs.pod(1, 1))

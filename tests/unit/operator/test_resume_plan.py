@@ -10,7 +10,7 @@ from latest; a crash before the load retries the target; a lost pod of the
 applying attempt gets the same target; the same target again needs a new
 ``cairn.dev/resume-request``; an unrelated edit (a new generation, same
 request) never re-applies it; a job that committed before any record (an
-older operator) keeps resuming from latest. Through ``plan.plan``: the start
+older operator) keeps resuming from latest. Through ``jobplan.plan``: the start
 of the attempt writes ``status.resumeApplied`` and its event names the
 explicit target and the generation.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from cairn.api import checkpointspec, podenv, trainingjob
-from cairn.operator import lifecycle, observe, plan, resumeplan
+from cairn.operator.core import decisions, jobobserve, jobplan, resumeplan
 
 from . import jobs
 
@@ -197,7 +197,7 @@ def test_the_resumed_attempt_records_the_request_and_says_so() -> None:
         "checkpoints": committed(35),
     }
     job = make({"step": 10}, status=status, request="r1", generation=7)
-    result = plan.plan(job=job, observed=observe.Observed(pods=()), now=jobs.at(500))
+    result = jobplan.plan(job=job, observed=jobobserve.Observed(pods=()), now=jobs.at(500))
     assert result.status is not None
     assert result.status["resumeApplied"] == {
         "target": "step:10",
@@ -223,4 +223,4 @@ def test_the_resumed_attempt_records_the_request_and_says_so() -> None:
 
 def test_the_lifecycle_helper_gives_the_next_attempts_target() -> None:
     job = make({"step": 10}, status={"attempt": 2, "resumeApplied": applied("latest", 1)})
-    assert lifecycle.resume_target(job, now=datetime.datetime.now(datetime.UTC)) == STEP10
+    assert decisions.resume_target(job, now=datetime.datetime.now(datetime.UTC)) == STEP10

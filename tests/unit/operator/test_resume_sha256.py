@@ -14,8 +14,8 @@ import pydantic
 import pytest
 
 from cairn.api import checkpointspec, podenv
-from cairn.operator import builders, lifecycle
-from cairn.trainer import runtime_config
+from cairn.checkpoint import runtime_config
+from cairn.operator.core import decisions, envvars
 
 from . import jobs
 
@@ -47,10 +47,10 @@ def test_the_spec_refuses_a_bad_pin(resume: dict[str, typing.Any], message: str)
 
 def test_the_pin_reaches_the_first_attempts_pods_only() -> None:
     job = jobs.job(checkpoint={"resume": {"uri": URI, "sha256": PIN}, "upload": UPLOAD})
-    target = lifecycle.resume_target(job)
+    target = decisions.resume_target(job)
     assert target == podenv.ResumeTarget(kind="uri", uri=URI, sha256=PIN)
     env = {
-        e["name"]: e.get("value") for e in builders.pod_env(job, attempt=1, rank=0, resume=target)
+        e["name"]: e.get("value") for e in envvars.pod_env(job, attempt=1, rank=0, resume=target)
     }
     assert env[podenv.RESUME_SHA256] == PIN
     assert env[podenv.RESUME_FROM] == URI
@@ -58,9 +58,9 @@ def test_the_pin_reaches_the_first_attempts_pods_only() -> None:
         status={"checkpoints": {"lastCommitted": {"step": 4, "attempt": 1}}},
         checkpoint={"resume": {"uri": URI, "sha256": PIN}, "upload": UPLOAD},
     )
-    later = lifecycle.resume_target(committed)
+    later = decisions.resume_target(committed)
     assert later == podenv.ResumeTarget(kind="latest")
-    names = {e["name"] for e in builders.pod_env(committed, attempt=2, rank=0, resume=later)}
+    names = {e["name"] for e in envvars.pod_env(committed, attempt=2, rank=0, resume=later)}
     assert podenv.RESUME_SHA256 not in names
 
 

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from cairn.api import trainingjob
-from cairn.operator import handlers, observe, s3loop, s3observe, s3plan, tunables
+from cairn.operator import reconcile, s3loop, s3observe
+from cairn.operator.core import jobobserve, s3plan, tunables
 
 from . import jobs
 
@@ -83,7 +84,7 @@ class _Result:
 def make() -> tuple[s3loop.S3Loop, Clock, Recorder]:
     clock, recorder = Clock(), Recorder()
     loop = s3loop.S3Loop(
-        run_pass=recorder, settings=SETTINGS, written=handlers._Written, monotonic=clock
+        run_pass=recorder, settings=SETTINGS, written=reconcile.Written, monotonic=clock
     )
     return loop, clock, recorder
 
@@ -230,6 +231,6 @@ def test_next_pass_plans_from_its_own_patch_while_the_watch_lags() -> None:
     ],
 )
 def test_pass_wanted(phase: str | None, final_done: int | None, expected: str | None) -> None:
-    job = observe.parse_job(body(phase=phase))
+    job = jobobserve.parse_job(body(phase=phase))
     assert isinstance(job, trainingjob.TrainingJob)
     assert s3plan.pass_wanted(job, final_done=final_done) == expected

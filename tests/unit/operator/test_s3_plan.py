@@ -19,7 +19,7 @@ import pytest
 
 from cairn.api import checkpointspec, jobstatus
 from cairn.api import manifest as manifest_mod
-from cairn.operator import conditions, lifecycle, observe, s3plan, status
+from cairn.operator.core import conditions, jobobserve, lifecycle, s3plan, status
 
 from . import jobs
 
@@ -271,7 +271,7 @@ def test_uploaded_condition_says_verified_from_the_operators_check(
     if storage is not None:
         job_status["storage"] = storage
     job = jobs.job(job_status, checkpoint={"upload": {"uri": "s3://bkt/p"}})
-    decision = lifecycle.decide(job=job, observed=observe.Observed(pods=()), now=NOW)
+    decision = lifecycle.decide(job=job, observed=jobobserve.Observed(pods=()), now=NOW)
     found = [
         c
         for c in status.desired_conditions(job, decision, NOW)

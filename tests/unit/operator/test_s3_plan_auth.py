@@ -6,7 +6,7 @@ and CRC32C, no or a wrong signature) and another job's signed step are
 foreign: not verified, never deleted by retention, never the newest verified
 step, reported in ``foreignSteps`` with a ``ForeignCheckpoint`` Warning (not
 in ``corruptSteps``); without a keyring a manifest without ``job_uid`` is
-foreign too; the keyring ``effects`` draws for a new Secret holds one fresh
+foreign too; the keyring ``jobapply`` draws for a new Secret holds one fresh
 32-byte key (two draws differ) and is never part of the plan's Secret.
 Pure: hand-made observations.
 """
@@ -16,7 +16,8 @@ import datetime
 
 from cairn.api import jobstatus
 from cairn.api import manifest as manifest_mod
-from cairn.operator import builders, effects, s3plan
+from cairn.operator import jobapply
+from cairn.operator.core import builders, s3plan
 
 from . import jobs
 
@@ -140,8 +141,8 @@ def test_effects_draws_a_fresh_key_only_for_the_create() -> None:
     job = jobs.job({})
     planned = builders.manifest_key_secret(job)
     assert "data" not in planned  # the plan never carries a key
-    first = effects._with_fresh_keyring(planned)
-    second = effects._with_fresh_keyring(planned)
+    first = jobapply._with_fresh_keyring(planned)
+    second = jobapply._with_fresh_keyring(planned)
     rings = [
         manifest_mod.parse_keyring(base64.b64decode(s["data"]["keyring.json"]))
         for s in (first, second)

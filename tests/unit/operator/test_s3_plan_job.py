@@ -11,7 +11,7 @@ from typing import Any
 
 from cairn.api import jobstatus
 from cairn.api import manifest as manifest_mod
-from cairn.operator import observe, s3plan
+from cairn.operator.core import jobobserve, s3plan
 
 from . import jobs
 
@@ -52,7 +52,7 @@ def _plan(
     raw = jobs.body(checkpoint=checkpoint)
     raw["status"] = status
     job = jobs.job(status, checkpoint=checkpoint)
-    parsed: jobstatus.TrainingJobStatus = observe.parse_status(raw)
+    parsed: jobstatus.TrainingJobStatus = jobobserve.parse_status(raw)
     return s3plan.plan_job(
         job=job,
         status=parsed,

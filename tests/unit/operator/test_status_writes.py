@@ -7,7 +7,7 @@ age); a new commit (the writer's fact) clears it with one write.
 """
 
 from cairn.api import trainingjob
-from cairn.operator import conditions, observe, plan
+from cairn.operator.core import conditions, jobobserve, jobplan
 
 from . import jobs
 
@@ -16,10 +16,10 @@ COMMITTED_AT = "2026-11-22T12:00:10Z"
 
 def _run(
     job: trainingjob.TrainingJob, t: float, *, pods: bool = True
-) -> tuple[plan.Plan, trainingjob.TrainingJob]:
+) -> tuple[jobplan.Plan, trainingjob.TrainingJob]:
     """One reconcile at `t` with attempt 1's two ranks running (or no pods yet)."""
     observed = (jobs.pod(1, 0), jobs.pod(1, 1)) if pods else ()
-    result = plan.plan(job=job, observed=observe.Observed(pods=observed), now=jobs.at(t))
+    result = jobplan.plan(job=job, observed=jobobserve.Observed(pods=observed), now=jobs.at(t))
     return result, jobs.patched(job, result)
 
 

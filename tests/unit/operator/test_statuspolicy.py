@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from cairn.api import podenv, trainingjob
-from cairn.operator import builders, conditions, names, observe, plan, statuspolicy
+from cairn.operator.core import builders, conditions, jobobserve, jobplan, names, statuspolicy
 
 from . import jobs
 
@@ -59,8 +59,8 @@ def _uploaded_condition(status: dict[str, Any]) -> trainingjob.Condition:
     raw = base.model_dump(mode="json", by_alias=True, exclude_none=True)
     raw["status"] = {"phase": "Running", "attempt": 1, **status}
     job = trainingjob.TrainingJob.model_validate(raw)
-    result = plan.plan(
-        job=job, observed=observe.Observed(pods=(jobs.pod(1, 0), jobs.pod(1, 1))), now=jobs.at(5)
+    result = jobplan.plan(
+        job=job, observed=jobobserve.Observed(pods=(jobs.pod(1, 0), jobs.pod(1, 1))), now=jobs.at(5)
     )
     found = next(
         (

@@ -9,7 +9,7 @@ import datetime
 
 import pytest
 
-from cairn.operator import ttl
+from cairn.operator.core import ttl
 
 DONE = "2026-11-23T10:00:00Z"
 AT = datetime.datetime(2026, 11, 23, 10, 0, tzinfo=datetime.UTC)

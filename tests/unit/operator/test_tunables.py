@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from cairn.api import checkpointspec
-from cairn.operator import clock, s3observe, tunables
+from cairn.operator import s3observe
+from cairn.operator.core import clock, tunables
 
 
 def test_defaults_are_valid_and_used() -> None:

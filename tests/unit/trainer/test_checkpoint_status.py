@@ -11,8 +11,7 @@ attempt's records without its in-flight saves.
 import datetime
 
 from cairn.api import jobstatus
-from cairn.checkpoint import events
-from cairn.trainer import checkpoint_status
+from cairn.checkpoint import checkpoint_status, events
 
 T = datetime.datetime(2026, 11, 23, tzinfo=datetime.UTC)
 URI = "s3://bucket/job"

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from cairn.api import manifest, podenv, trainingjob
+from cairn.checkpoint import runtime_config
 from cairn.devcluster.agent import podspec
-from cairn.operator import builders
-from cairn.trainer import runtime_config
+from cairn.operator.core import builders
 
 EXAMPLES = sorted(
     p

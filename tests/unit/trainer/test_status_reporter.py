@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from cairn.api import jobstatus
-from cairn.trainer import status_reporter
+from cairn.checkpoint import status_reporter
 
 
 class RecordingPatch:
@@ -109,6 +109,22 @@ def test_body_clears_what_the_writer_no_longer_has() -> None:
     # made yet (lastUploaded) left to stand.
     assert checkpoints["history"] == [{"step": 10, "state": "committed"}]
     assert "lastUploaded" not in checkpoints and "resumedFrom" not in checkpoints
+
+
+def test_body_clears_an_upload_error_and_a_retention_note_once_over() -> None:
+    """Failing uploads and retention over budget end: their nulls are sent, so
+    UploadFailing and RetentionOverBudget turn False (a left-out key would stay)."""
+    failing = _checkpoints(5).model_copy(
+        update={
+            "upload_error": jobstatus.UploadError(message="no progress for 30 s", backlog=[5]),
+            "retention_over_budget": "local retention over budget (keepLast 2)",
+        }
+    )
+    sent = status_reporter.status_body(step=5, checkpoints=failing)["status"]["checkpoints"]
+    assert sent["uploadError"]["backlog"] == [5]
+    assert sent["retentionOverBudget"] == "local retention over budget (keepLast 2)"
+    over = status_reporter.status_body(step=9, checkpoints=_checkpoints(8))["status"]["checkpoints"]
+    assert over["uploadError"] is None and over["retentionOverBudget"] is None
 
 
 def test_close_retries_the_final_state_after_earlier_failures() -> None:

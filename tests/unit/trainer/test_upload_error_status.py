@@ -1,7 +1,8 @@
 """The writer's `status.checkpoints.uploadError` (pure fold of backlog events).
 
 Covers: a failed upload round sets the error with its backlog and ends the
-step's flight; rotation's over-budget note is attached; a backlog step
+step's flight; rotation's over-budget note is attached (and reported on its
+own, `retentionOverBudget`, while uploads only lag); a backlog step
 uploaded late does not move `lastUploaded` back; the error clears when the
 last backlog step is uploaded.
 """
@@ -10,8 +11,7 @@ from __future__ import annotations
 
 import datetime
 
-from cairn.checkpoint import events, upload_backlog
-from cairn.trainer import checkpoint_status
+from cairn.checkpoint import checkpoint_status, events, upload_backlog
 
 NOW = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
 
@@ -67,6 +67,17 @@ def test_late_uploads_clear_the_error_and_keep_the_newest_last_uploaded() -> Non
     assert tracker.status.upload_error is None
 
 
-def test_rotation_without_an_error_changes_nothing() -> None:
+def test_rotation_within_budget_changes_nothing() -> None:
     tracker = fold(ev("uploaded", 2))
-    assert checkpoint_status.apply(tracker, ev("rotated", 2, "note"), now=NOW) == tracker
+    assert checkpoint_status.apply(tracker, ev("rotated", 2), now=NOW) == tracker
+
+
+def test_over_budget_without_an_error_is_reported_on_its_own() -> None:
+    """A slow store fails nothing, yet the backlog holds steps past keepLast:
+    `retentionOverBudget` says so (the operator's RetentionOverBudget condition)."""
+    note = "local retention over budget (keepLast 2): keeping steps [2, 4]"
+    tracker = fold(ev("uploaded", 2), ev("rotated", 6, note))
+    assert tracker.status.upload_error is None
+    assert tracker.status.retention_over_budget == note
+    tracker = checkpoint_status.apply(tracker, ev("rotated", 8), now=NOW)
+    assert tracker.status.retention_over_budget is None

@@ -129,7 +129,9 @@ def _uri(ctx: fetch_mod.Context, uri: str) -> verdict_mod.Copy:
     client, s3opts = fetch_mod.s3(ctx)
     bucket, prefix = checkpointspec.split_s3_uri(uri)
     raw = remote.retrying(
-        lambda: remote.get_bytes_or_none(client, bucket, f"{prefix}/{manifest_mod.MANIFEST_NAME}"),
+        lambda: remote.get_bytes_or_none(
+            client, bucket, f"{prefix}/{manifest_mod.MANIFEST_NAME}", within=s3opts.stall_seconds
+        ),
         what=f"reading {uri}",
     )
     if raw is not None:
@@ -141,7 +143,8 @@ def _uri(ctx: fetch_mod.Context, uri: str) -> verdict_mod.Copy:
             step=found.step, source="s3", own=False, bucket=bucket, folder_prefix=prefix
         )
     sizes = remote.retrying(
-        lambda: remote.list_sizes(client, bucket, prefix), what=f"listing {uri}"
+        lambda: remote.list_sizes(client, bucket, prefix, within=s3opts.stall_seconds),
+        what=f"listing {uri}",
     )
     if foreign.DCP_METADATA not in sizes:
         raise errors.ConfigurationError(

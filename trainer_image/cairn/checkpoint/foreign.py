@@ -230,6 +230,25 @@ def _check_keys(template: typing.Mapping[str, object], meta: metadata.Metadata) 
             )
 
 
+def _optimizer_state(
+    holder: state.ModelOptimizerState,
+    *,
+    key_map: KeyMap,
+    options: dcp_state_dict.StateDictOptions,
+) -> dict[str, typing.Any]:
+    """The optimizer's flattened state to import into ({} when not mapped)."""
+    if key_map.optimizer is None:
+        return {}
+    if len(holder.optimizers) != 1:
+        raise errors.ConfigurationError(
+            "importing optimizer state needs exactly one optimizer"
+            f" (got {len(holder.optimizers)}); map 'optimizer' to null to skip it"
+        )
+    return dcp_state_dict.get_optimizer_state_dict(
+        holder.model, holder.optimizers[0], options=options
+    )
+
+
 def load(
     folder: pathlib.Path,
     *,
@@ -247,16 +266,8 @@ def load(
     key_map = choose_key_map(meta.state_dict_metadata, model_fqns=model_sd, user=user_map)
     template: dict[str, typing.Any] = {f"{key_map.model}{k}": v for k, v in model_sd.items()}
     flat = dcp_state_dict.StateDictOptions(flatten_optimizer_state_dict=True)
-    optim_sd: dict[str, typing.Any] = {}
+    optim_sd = _optimizer_state(holder, key_map=key_map, options=flat)
     if key_map.optimizer is not None:
-        if len(holder.optimizers) != 1:
-            raise errors.ConfigurationError(
-                "importing optimizer state needs exactly one optimizer"
-                f" (got {len(holder.optimizers)}); map 'optimizer' to null to skip it"
-            )
-        optim_sd = dcp_state_dict.get_optimizer_state_dict(
-            holder.model, holder.optimizers[0], options=flat
-        )
         template.update(_optimizer_template(optim_sd, prefix=key_map.optimizer, meta=meta))
     if key_map.step is not None:
         if key_map.step not in meta.state_dict_metadata:

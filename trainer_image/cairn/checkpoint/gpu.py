@@ -41,7 +41,7 @@ class CudaSurface(typing.Protocol):
 def staging_stream(stager: object) -> StreamLike | None:
     """The stager's private staging stream (None without async staging or GPU).
 
-    `DefaultStager` creates it in its constructor (torch >= 2.8) and keeps it
+    `DefaultStager` creates it in its constructor (torch >= 2.9) and keeps it
     as `_staging_stream`; there is no public accessor.
     """
     stream = getattr(stager, "_staging_stream", None)

@@ -145,7 +145,9 @@ def own_remote_steps(
     for step in remote.committed_steps(client, s3opts):
         key = f"{remote.step_prefix(s3opts, step)}/{manifest_mod.MANIFEST_NAME}"
         body = remote.retrying(
-            functools.partial(remote.get_bytes_or_none, client, s3opts.bucket, key),
+            functools.partial(
+                remote.get_bytes_or_none, client, s3opts.bucket, key, within=s3opts.stall_seconds
+            ),
             what=f"reading s3://{s3opts.bucket}/{key}",
         )
         if body is None:
@@ -255,7 +257,9 @@ def read_remote_record(client: S3Client, s3opts: options.S3Options) -> dict[str,
     """The branch record in S3 (None when absent); RemoteError when S3 fails."""
     key = remote_record_key(s3opts)
     body = remote.retrying(
-        functools.partial(remote.get_bytes_or_none, client, s3opts.bucket, key),
+        functools.partial(
+            remote.get_bytes_or_none, client, s3opts.bucket, key, within=s3opts.stall_seconds
+        ),
         what=f"reading s3://{s3opts.bucket}/{key}",
     )
     if body is None:

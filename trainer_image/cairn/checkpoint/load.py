@@ -27,9 +27,10 @@ import pathlib
 import typing
 
 import torch.distributed as dist
+from torch.distributed.checkpoint import _traverse as traverse
 from torch.distributed.checkpoint import default_planner
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
+from torch.distributed.checkpoint._nested_dict import FLATTEN_MAPPING, flatten_state_dict
 from torch.distributed.tensor import DTensor
 
 from cairn.api import manifest as manifest_mod
@@ -212,4 +213,17 @@ def _with_replicated(
     if missing:
         raise errors.CheckpointError(f"rank 0 did not send replicated state {missing[:5]}")
     merged = {**part, **{key: received[key] for key in _replicated(flat, tmpl.per_rank)}}
-    return unflatten_state_dict(merged, mapping)
+    return into_template(tmpl.dicts, merged, mapping)
+
+
+def into_template(
+    dicts: dict[str, typing.Any], flat: typing.Mapping[str, typing.Any], mapping: FLATTEN_MAPPING
+) -> dict[str, typing.Any]:
+    """Write the loaded flat entries into the template's nested dicts (in place,
+    as DCP's own load does) and return them. Unlike `unflatten_state_dict`, this
+    keeps containers without leaves: a LambdaLR of `functools.partial`s (every
+    Transformers scheduler) has `lr_lambdas: [{}, {}]`, which flattens to
+    nothing but its `load_state_dict` requires."""
+    for key, value in flat.items():
+        traverse.set_element(dicts, mapping[key], value)
+    return dicts

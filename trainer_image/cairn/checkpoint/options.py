@@ -2,7 +2,7 @@
 
 Each field documents itself; `__post_init__` rejects bad combinations with a
 message naming the field. The operator renders these from the TrainingJob
-spec via the pod's environment, parsed by `cairn.trainer.runtime_config`.
+spec via the pod's environment, parsed by `cairn.checkpoint.runtime_config`.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import base64
 import concurrent.futures
 import contextlib
 import dataclasses
+import importlib.metadata
 import logging
 import os
 import pathlib
@@ -66,7 +67,17 @@ if typing.TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CAIRN_VERSION = "0.1.0"
+
+def _cairn_version() -> str:
+    """The installed distribution's version (pyproject.toml); a bare source tree: unknown."""
+    try:
+        return importlib.metadata.version("cairn-training")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+CAIRN_VERSION = _cairn_version()
+"""Recorded in every manifest (``writer.cairn``); from the package metadata."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -220,7 +231,7 @@ def _commit(
             # fenced by its own file. With `.metadata` here a restore knows
             # which files this rank reads without another node (`load`).
             _write_metadata(tmp, result.get("metadata"))
-            _fence_local(ctx)
+            _fence_local(ctx.opts)
             faults.pause_point("commit", rank=coord.rank, step=ctx.step)
             _commit_here(ctx, tmp=tmp, folder=folder, manifest=manifest)
         return manifest
@@ -287,16 +298,16 @@ def _build_manifest(
     return manifest if keyring is None else manifest_mod.sign(manifest, keyring)
 
 
-def _fence_local(ctx: StepContext) -> None:
-    fence_mod.LocalFence(
-        root=ctx.opts.directory, job_uid=ctx.opts.job_uid, group=ctx.opts.group
-    ).check(ctx.opts.attempt)
+def _fence_local(opts: options.CheckpointOptions) -> None:
+    fence_mod.LocalFence(root=opts.directory, job_uid=opts.job_uid, group=opts.group).check(
+        opts.attempt
+    )
 
 
 def _fence(ctx: StepContext) -> None:
     """Rank 0 before a local commit: the local fence file, then the API server's
     view (bounded: unanswered, the local fence decides; see `fence`)."""
-    _fence_local(ctx)
+    _fence_local(ctx.opts)
     if ctx.opts.fence is not None:
         ctx.opts.fence.check(ctx.opts.attempt)
 
@@ -340,16 +351,23 @@ def _owner_tag(folder: pathlib.Path, kind: layout.Kind) -> str:
 
 
 def upload_step(
-    ctx: StepContext, *, folder: pathlib.Path, manifest: manifest_mod.Manifest, key: str
+    *,
+    opts: options.CheckpointOptions,
+    coordinator: coordinator_mod.Coordinator,
+    s3_client: S3Client,
+    folder: pathlib.Path,
+    manifest: manifest_mod.Manifest,
+    key: str,
 ) -> int:
     """Upload one committed step (this save's or one of the backlog) under
-    coordinator key `key`: own files, then rank 0 puts the manifest last."""
-    assert ctx.s3_client is not None and ctx.opts.s3 is not None  # checked by caller
-    coord = ctx.coordinator
+    coordinator key `key`: own files, then rank 0 puts the manifest last.
+    (The upload worker binds the first three: the worker has no step of its own.)"""
+    assert opts.s3 is not None  # checked by caller
+    coord = coordinator
     try:
         sent = remote.upload_files(
-            ctx.s3_client,
-            ctx.opts.s3,
+            s3_client,
+            opts.s3,
             folder=folder,
             manifest=manifest,
             entries=manifest.files_of_rank(coord.rank),
@@ -360,16 +378,17 @@ def upload_step(
         raise
     coord.publish(f"{key}/uploaded", {"bytes": sent})
     if coord.rank == 0:
-        reports = coord.gather(f"{key}/uploaded", timeout=ctx.opts.timeout_seconds)
+        reports = coord.gather(f"{key}/uploaded", timeout=opts.timeout_seconds)
         _check_reports(reports, f"upload of step {manifest.step}")
         # Rank 0's "uploaded" event stands for the whole step (status, metrics).
         sent = sum(int(report.get("bytes", 0)) for report in reports)
         # Only now, with every rank's files in the bucket, is the step
         # committed remotely; the API server must confirm (strict fence).
-        _fence_local(ctx)
-        if ctx.opts.fence is not None:
-            fence_mod.check_strict(ctx.opts.fence, ctx.opts.attempt)
-        _put_manifest(ctx.s3_client, ctx.opts.s3, manifest)
+        _fence_local(opts)
+        if opts.fence is not None:
+            fence_mod.check_strict(opts.fence, opts.attempt)
+        _put_manifest(s3_client, opts.s3, manifest)
+        faults.pause_point("marker", rank=0, step=manifest.step)  # remote commit, no `.uploaded`
         layout.mark_uploaded(folder)
     return sent
 

@@ -9,7 +9,8 @@ silent request and `transfer_timeout` bounds a whole transfer. A hung store
 every transfer has a progress watchdog (`_Watchdog`: no byte moved for
 `stall_seconds` → the transfer is cancelled, its worker threads left to end
 on their own, and the failure names the endpoint), and small requests (the
-manifest, the owner object) run under the same bound (`_bounded`). The manifest
+manifest, the owner object, each page of a listing) run under the same bound
+(`_bounded`). The manifest
 is written with `If-None-Match: *` so a remote commit never overwrites an
 existing one; stores that reject conditional writes fall back to
 check-then-put. Remote commit = the manifest object exists.
@@ -45,6 +46,7 @@ from cairn.checkpoint import errors, layout, options
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import ObjectTypeDef
 
 log = logging.getLogger(__name__)
 
@@ -308,20 +310,45 @@ def _exists(client: S3Client, bucket: str, key: str) -> bool:
     return True
 
 
+def _listed(
+    client: S3Client, bucket: str, base: str, *, within: float | None
+) -> typing.Iterator[ObjectTypeDef]:
+    """The objects under `base`, page by page; each page's request bounded by
+    `within` seconds (StallError): a hung store fails a listing in seconds,
+    while a long listing that keeps answering is never cut."""
+    pages = iter(client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base))
+    sentinel: dict[str, typing.Any] = {}
+    while True:
+        if within is None:
+            page = next(pages, sentinel)
+        else:
+            page = _bounded(
+                lambda: next(pages, sentinel), seconds=within, what=f"listing s3://{bucket}/{base}"
+            )
+        if page is sentinel:
+            return
+        yield from page.get("Contents", [])
+
+
 def committed_steps(client: S3Client, opts: options.S3Options) -> list[int]:
-    """Steps whose manifest object exists (remote commit), oldest first."""
+    """Steps whose manifest object exists (remote commit), oldest first.
+
+    Each page of the listing waits at most `opts.stall_seconds` for its
+    answer; a hung or failing store is a TransportError saying so."""
     base = f"{opts.prefix}/" if opts.prefix else ""
     steps: list[int] = []
     try:
-        paginator = client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=opts.bucket, Prefix=base):
-            for obj in page.get("Contents", []):
-                rest = obj["Key"][len(base) :]
-                folder, _, name = rest.partition("/")
-                step = manifest_mod.parse_step_dir_name(folder)
-                if step is not None and name == manifest_mod.MANIFEST_NAME:
-                    steps.append(step)
-    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        for obj in _listed(client, opts.bucket, base, within=opts.stall_seconds):
+            rest = obj["Key"][len(base) :]
+            folder, _, name = rest.partition("/")
+            step = manifest_mod.parse_step_dir_name(folder)
+            if step is not None and name == manifest_mod.MANIFEST_NAME:
+                steps.append(step)
+    except (
+        botocore.exceptions.BotoCoreError,
+        botocore.exceptions.ClientError,
+        StallError,
+    ) as exc:
         kind = errors.TransportError if is_transient(exc) else errors.RemoteError
         raise kind(f"listing s3://{opts.bucket}/{base} failed: {exc}") from exc
     return sorted(steps)
@@ -448,15 +475,16 @@ def get_bytes_or_none(
         raise errors.RemoteError(f"reading s3://{bucket}/{key} failed: {exc}") from exc
 
 
-def list_sizes(client: S3Client, bucket: str, prefix: str) -> dict[str, int]:
-    """Sizes of the objects under `prefix/`, by key relative to it."""
+def list_sizes(
+    client: S3Client, bucket: str, prefix: str, *, within: float | None = None
+) -> dict[str, int]:
+    """Sizes of the objects under `prefix/`, by key relative to it; each page
+    waits at most `within` seconds (StallError, transient: wrap in `retrying`)."""
     base = f"{prefix}/" if prefix else ""
     found: dict[str, int] = {}
     try:
-        paginator = client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=bucket, Prefix=base):
-            for obj in page.get("Contents", []):
-                found[obj["Key"][len(base) :]] = int(obj["Size"])
+        for obj in _listed(client, bucket, base, within=within):
+            found[obj["Key"][len(base) :]] = int(obj["Size"])
     except botocore.exceptions.ClientError as exc:
         if is_transient(exc):
             raise

@@ -53,6 +53,7 @@ from cairn.checkpoint import (
     candidates,
     errors,
     events,
+    faults,
     foreign,
     layout,
     load,
@@ -159,6 +160,7 @@ def restore(
     for index, copy in enumerate(candidates.plan(ctx, step=step, uri=uri)):
         key = f"{namespace}/copy-{index}"
         fetched = fetch_mod.fetch(ctx, copy)
+        faults.pause_point("restore", rank=ctx.rank, step=copy.step)  # fetched, not loaded
         tried.downloaded.extend(fetched.downloaded_files)
         found = _agree(ctx, key, fetched.report)
         if found.status == "ok":

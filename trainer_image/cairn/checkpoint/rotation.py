@@ -132,6 +132,25 @@ def records(observed: list[Observed]) -> list[retention.StepRecord]:
     ]
 
 
+def _prune_aside(
+    opts: options.CheckpointOptions,
+    *,
+    rank: int,
+    callbacks: typing.Sequence[events.ProgressCallback],
+) -> None:
+    """The bounded pruning of what was moved aside, each folder reported."""
+    for path in aside_mod.prune(opts.directory, job_uid=opts.job_uid, keep=opts.keep_aside):
+        events.emit(
+            callbacks,
+            events.ProgressEvent(
+                phase="deleted",
+                step=_step_of(path),
+                rank=rank,
+                message=f"pruned {path.parent.parent.name} folder {path.relative_to(opts.directory)}",
+            ),
+        )
+
+
 def rotate(
     opts: options.CheckpointOptions,
     *,
@@ -173,16 +192,7 @@ def rotate(
         freed += present_bytes(path)
         shutil.rmtree(path, ignore_errors=True)
         log.info("rank %d: removed abandoned temporary folder %s", rank, path.name)
-    for path in aside_mod.prune(opts.directory, job_uid=job_uid, keep=opts.keep_aside):
-        events.emit(
-            callbacks,
-            events.ProgressEvent(
-                phase="deleted",
-                step=_step_of(path),
-                rank=rank,
-                message=f"pruned {path.parent.parent.name} folder {path.relative_to(opts.directory)}",
-            ),
-        )
+    _prune_aside(opts, rank=rank, callbacks=callbacks)
     aside = tuple(o.step for o in observed if o.kind in ("foreign", "unreadable", "unknown"))
     if aside:
         log.info("rank %d: rotation keeps step folders it may not delete: %s", rank, aside)

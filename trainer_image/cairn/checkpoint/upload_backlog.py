@@ -74,12 +74,19 @@ def plan_round(*, pending: list[int], due_now: bool) -> list[int]:
 def pending_steps(
     root: pathlib.Path, *, job_uid: str | None, keyring: manifest_mod.Keyring | None = None
 ) -> list[int]:
-    """This job's committed steps on this volume without the uploaded marker."""
-    return [
+    """This job's committed steps on this volume without the uploaded marker.
+
+    The marker is looked at before the manifest: rotation (the writer thread)
+    deletes only uploaded steps, manifest first and then the marker with the
+    rest, so a step that had no marker when looked at is never being deleted,
+    while "committed, then no marker" could be an uploaded step caught half
+    deleted, planned again and failed as "no valid manifest"."""
+    return sorted(
         step
-        for step in layout.committed_steps(root, job_uid=job_uid, keyring=keyring)
-        if not layout.is_uploaded(layout.step_dir(root, step))
-    ]
+        for step, folder in layout.step_dirs(root).items()
+        if not layout.is_uploaded(folder)
+        and layout.classify(folder, job_uid=job_uid, keyring=keyring) == "committed"
+    )
 
 
 class UploadOne(typing.Protocol):
@@ -135,11 +142,12 @@ class Backlog:
         tag: str,
         steps: list[int],
         upload_one: UploadOne,
-        ready: typing.Callable[[pathlib.Path], None] = lambda folder: None,
+        ready: typing.Callable[[pathlib.Path, str], None] = lambda folder, key: None,
     ) -> list[int]:
         """One round of the agreed `steps` on every rank (collective); returns
-        the steps uploaded. `ready(folder)` waits until this rank's copy of a
-        step is committed (node-local volumes commit after rank 0)."""
+        the steps uploaded. `ready(folder, key)` waits until this rank's copy of
+        a step is committed (node-local volumes commit after rank 0), or rank 0
+        gave its verdict on the step (`<key>/result`) without it."""
         coord = self.coordinator
         done: list[int] = []
         for step in steps:
@@ -150,7 +158,7 @@ class Backlog:
             fenced: errors.FencedError | None = None
             sent = 0
             try:
-                ready(folder)
+                ready(folder, key)
                 manifest = layout.read_manifest(folder)
                 sent = upload_one(folder=folder, manifest=manifest, key=key)
             except errors.FencedError as exc:

@@ -217,11 +217,19 @@ class Uploader:
                 self._state.drain_served = max(self._state.drain_served, drain)
                 self._cond.notify_all()
 
-    def _ready(self, folder: pathlib.Path) -> None:
+    def _ready(self, folder: pathlib.Path, key: str) -> None:
         """Wait (bounded) until this rank's copy of a planned step is committed:
-        on node-local volumes a rank commits its folder after rank 0."""
+        on node-local volumes a rank commits its folder after rank 0. Rank 0's
+        verdict on the step ends the wait too: rank 0 failed it (or saw it
+        gone), so this rank's copy will not be uploaded in this round anyway."""
         deadline = time.monotonic() + self._timeout
         while not layout.is_committed(folder):
+            verdict = self._coord.poll(f"{key}/result")
+            if verdict is not None:
+                raise errors.CheckpointError(
+                    f"rank 0 ended step {folder.name} of this round before rank "
+                    f"{self._coord.rank}'s copy was committed: {verdict.get('error')}"
+                )
             if time.monotonic() > deadline:
                 raise errors.CheckpointError(
                     f"{folder} was not committed on rank {self._coord.rank} "

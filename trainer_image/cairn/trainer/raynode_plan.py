@@ -123,7 +123,7 @@ def config(env: typing.Mapping[str, str], argv: typing.Sequence[str]) -> NodeCon
 def version_error(*, wanted: str | None, installed: str | None) -> str | None:
     """The configuration error when the image's Ray is not the one the job asks for."""
     if installed is None:
-        return "ray is not installed in the trainer image (runtime: ray needs cairn[ray])"
+        return "ray is not installed in the trainer image (runtime: ray needs cairn-training[ray])"
     if wanted is not None and wanted != installed:
         return f"spec.ray.version is {wanted} but the image has ray {installed}"
     return None

@@ -7,8 +7,9 @@ schedule, the deterministic corpus and stateful sampler (`data`), and the
 `CheckpointManager` saving every `CAIRN_CHECKPOINT_INTERVAL_STEPS`. On
 SIGTERM it checkpoints at the next step boundary and exits with
 `PREEMPTED_EXIT_CODE`. After the last step it writes a final checkpoint and a
-weights-only bf16 safetensors export. Rank 0 reports step and checkpoint
-facts to the job's status when the pod contract asks for it. It resumes
+weights-only bf16 safetensors export. It is a plain user of the library:
+under the operator the `CheckpointManager` itself reports the step and the
+checkpoint facts to the job's status and checks the API fence. It resumes
 from what the pod contract names (latest, a step, or `resume.uri`: a Cairn
 step folder or a plain DCP checkpoint, imported); a target that cannot be
 loaded exits `exitcodes.CONFIG_ERROR` (78) with the reason in the
@@ -19,15 +20,14 @@ produces the same per-step losses, bit for bit (`--losses-file` records them).
 """
 
 import argparse
-import dataclasses
-import datetime
 import json
 import logging
 import math
 import os
 import pathlib
 import sys
-import threading
+import time
+import typing
 from typing import Any
 
 import torch
@@ -36,16 +36,8 @@ from torch.distributed import device_mesh
 from torch.distributed.checkpoint import state_dict as dcp_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from cairn.api import jobstatus
-from cairn.checkpoint import errors, events, fence, manager, state
-from cairn.trainer import (
-    checkpoint_status,
-    data,
-    model,
-    runtime_config,
-    status_reporter,
-    termination,
-)
+from cairn.checkpoint import errors, manager, runtime_config, state
+from cairn.trainer import data, model, termination
 
 log = logging.getLogger("cairn.trainer")
 PREEMPTED_EXIT_CODE = 143
@@ -93,68 +85,6 @@ def _schedule(optimizer: torch.optim.Optimizer, *, warmup: int, total: int) -> A
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-class StatusFeed:
-    """Rank 0: folds checkpoint events and the step into the status reporter."""
-
-    def __init__(self, *, cfg: runtime_config.RuntimeConfig) -> None:
-        self._lock = threading.Lock()
-        s3 = cfg.checkpoint.s3
-        self.tracker = checkpoint_status.Tracker(upload_uri=s3.uri if s3 else None)
-        self.step: int | None = None  # unknown until restored or stepped
-        self.reporter: status_reporter.StatusReporter | None = None
-        self.fence: fence.Fence | None = None
-        """Rank 0's authoritative fence: the job's UID and attempt from the API server."""
-        if cfg.report_status and cfg.job_name and cfg.namespace:
-            from kubernetes import client, config
-
-            config.load_incluster_config()
-            api_client = client.ApiClient()
-            if cfg.checkpoint.job_uid:
-                self.fence = fence.ApiFence(
-                    get_job=status_reporter.job_reader(
-                        api_client=api_client, namespace=cfg.namespace, name=cfg.job_name
-                    ),
-                    job_uid=cfg.checkpoint.job_uid,
-                    group=cfg.checkpoint.group,
-                )
-            previous = status_reporter.read_checkpoints(
-                api_client=api_client, namespace=cfg.namespace, name=cfg.job_name
-            )
-            self.tracker = checkpoint_status.continued(previous, upload_uri=self.tracker.upload_uri)
-            self.reporter = status_reporter.StatusReporter(
-                patch=status_reporter.kubernetes_patcher(
-                    api_client=api_client, namespace=cfg.namespace, name=cfg.job_name
-                ),
-                status_interval_seconds=cfg.status_interval_seconds,
-            )
-
-    def _now(self) -> datetime.datetime:
-        return datetime.datetime.now(datetime.UTC)
-
-    def on_event(self, event: events.ProgressEvent) -> None:
-        with self._lock:
-            self.tracker = checkpoint_status.apply(self.tracker, event, now=self._now())
-            self._push()
-
-    def on_step(self, step: int | None) -> None:
-        with self._lock:
-            self.step = step
-            self._push()
-
-    def on_resume(self, resumed: jobstatus.ResumedFrom) -> None:
-        with self._lock:
-            self.tracker = checkpoint_status.resumed(self.tracker, resumed)
-            self._push()
-
-    def _push(self) -> None:
-        if self.reporter is not None:
-            self.reporter.update(step=self.step, checkpoints=self.tracker.status)
-
-    def close(self) -> None:
-        if self.reporter is not None and not self.reporter.close():
-            log.warning("could not deliver the final status report")
-
-
 def _export(model_: torch.nn.Module, path: pathlib.Path, *, rank: int) -> None:
     """Weights only, full (unsharded) tensors in bf16, written by rank 0."""
     from safetensors.torch import save_file
@@ -180,7 +110,6 @@ def _resume(
     objects: dict[str, Any],
     *,
     cfg: runtime_config.RuntimeConfig,
-    feed: StatusFeed | None,
 ) -> None:
     """Restore what the pod contract asks for; an explicit target that cannot be
     loaded raises ConfigurationError (never a silent fresh start)."""
@@ -202,17 +131,6 @@ def _resume(
         result.source,
         f", imported from {result.uri or 'a foreign folder'}" if result.imported else "",
     )
-    if feed:
-        feed.on_resume(
-            jobstatus.ResumedFrom(
-                step=result.step,
-                attempt=cfg.attempt or None,
-                source="remote" if result.source == "s3" else "local",
-                uri=result.uri,
-                fell_back_from=max((s for s, _ in result.skipped), default=None),
-                imported=result.imported or None,
-            )
-        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,11 +151,19 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
 
-def _train(args: argparse.Namespace, cfg: runtime_config.RuntimeConfig) -> int:
-    rank, world, device = _init_distributed()
-    torch.manual_seed(args.seed)
-    torch.use_deterministic_algorithms(True)
+class _Run(typing.NamedTuple):
+    """What the loop trains and checkpoints."""
 
+    net: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    sampler: data.ShardedSampler
+    train: state.TrainState
+    objects: dict[str, Any]
+
+
+def _build(args: argparse.Namespace, *, rank: int, world: int, device: str) -> _Run:
+    """The FSDP2-sharded model, AdamW, the schedule, the sampler and their state."""
     mcfg = model.ModelConfig(
         vocab=args.vocab, dim=args.dim, layers=args.layers, heads=args.heads, seq_len=args.seq_len
     )
@@ -260,19 +186,23 @@ def _train(args: argparse.Namespace, cfg: runtime_config.RuntimeConfig) -> int:
         "data": sampler,
         "train": train,
     }
-    feed = StatusFeed(cfg=cfg) if rank == 0 else None
-    callbacks = [feed.on_event] if feed else []
+    return _Run(net, optimizer, scheduler, sampler, train, objects)
+
+
+def _train(args: argparse.Namespace, cfg: runtime_config.RuntimeConfig) -> int:
+    rank, world, device = _init_distributed()
+    torch.manual_seed(args.seed)
+    torch.use_deterministic_algorithms(True)
+    net, optimizer, scheduler, sampler, train, objects = _build(
+        args, rank=rank, world=world, device=device
+    )
     losses = args.losses_file.open("a") if args.losses_file and rank == 0 else None
     exit_code = 0
-    ckpt_opts = cfg.checkpoint
-    if feed is not None and feed.fence is not None:
-        ckpt_opts = dataclasses.replace(ckpt_opts, fence=feed.fence)
-    with manager.CheckpointManager(ckpt_opts, callbacks=callbacks) as ckpt:
+    with manager.CheckpointManager(cfg.checkpoint) as ckpt:
         ckpt.install_sigterm_handler()
         # -- restore
-        _resume(ckpt, objects, cfg=cfg, feed=feed)
-        if feed:
-            feed.on_step(train.step)
+        _resume(ckpt, objects, cfg=cfg)
+        ckpt.report_step(train.step)  # a fresh start is step 0
         # -- step
         while train.step < args.steps:
             batch = sampler.next_batch().to(device)
@@ -287,14 +217,12 @@ def _train(args: argparse.Namespace, cfg: runtime_config.RuntimeConfig) -> int:
             value = loss.detach().clone()
             dist.all_reduce(value)
             if losses:
-                losses.write(json.dumps({"step": train.step, "loss": value.item() / world}) + "\n")
+                # "time" (wall clock) lets a test read steps/s from the trainer's own log.
+                entry = {"step": train.step, "loss": value.item() / world, "time": time.time()}
+                losses.write(json.dumps(entry) + "\n")
                 losses.flush()
-            if feed:
-                feed.on_step(train.step)
             if args.step_delay:
                 torch.distributed.barrier()
-                import time
-
                 time.sleep(args.step_delay)
             # -- checkpoint
             last = train.step == args.steps
@@ -308,8 +236,6 @@ def _train(args: argparse.Namespace, cfg: runtime_config.RuntimeConfig) -> int:
         _export(net, args.export, rank=rank)
     if losses:
         losses.close()
-    if feed:
-        feed.close()
     dist.destroy_process_group()
     return exit_code
 

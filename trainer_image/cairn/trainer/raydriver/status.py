@@ -99,7 +99,7 @@ def from_env(env: typing.Mapping[str, str]) -> Reporter | None:
         return None
     from kubernetes import client, config
 
-    from cairn.trainer import status_reporter
+    from cairn.checkpoint import status_reporter
 
     try:
         config.load_incluster_config()

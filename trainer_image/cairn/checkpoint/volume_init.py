@@ -1,0 +1,99 @@
+"""A manager's start on its checkpoint volumes: each volume prepared once.
+
+Rank 0 checks the S3 prefix's owner and prepares its volume (fence file,
+clean-up of this job's partial folders: `startup.prepare`; a crashed
+lineage branch finished: `lineage.finish_pending`; rotation), then tells the
+other ranks the outcome. On node-local volumes (emptyDir per pod) every
+rank then prepares its own. A failure on rank 0 reaches every rank as a
+CheckpointError naming it, so no rank trains on an unprepared volume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from cairn.checkpoint import coordinator as coordinator_mod
+from cairn.checkpoint import errors, events, lineage, options, remote, rotation, startup
+
+if typing.TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Volumes:
+    """What a rank needs to know about its checkpoint volume and store."""
+
+    opts: options.CheckpointOptions
+    rank: int
+    shared: bool
+    """Every rank sees one directory (probed once, `startup.probe_shared`)."""
+    s3: S3Client | None
+    callbacks: typing.Sequence[events.ProgressCallback]
+
+    def lineage_volume(self) -> lineage.Volume:
+        """This rank's view for `lineage` (rank 0 also reaches S3)."""
+        opts = self.opts
+        return lineage.Volume(
+            root=opts.directory,
+            job_uid=opts.job_uid,
+            keyring=opts.manifest_keyring,
+            attempt=opts.attempt,
+            rank=self.rank,
+            client=self.s3 if self.rank == 0 else None,
+            s3opts=opts.s3 if self.rank == 0 else None,
+        )
+
+
+def probe(
+    opts: options.CheckpointOptions,
+    *,
+    coordinator: coordinator_mod.Coordinator,
+    s3: S3Client | None,
+    callbacks: typing.Sequence[events.ProgressCallback],
+) -> Volumes:
+    """Probe (collective, once per manager) whether the volume is shared."""
+    shared = startup.probe_shared(
+        directory=opts.directory,
+        coordinator=coordinator,
+        namespace="volume-probe",
+        timeout=opts.timeout_seconds,
+    )
+    return Volumes(opts=opts, rank=coordinator.rank, shared=shared, s3=s3, callbacks=callbacks)
+
+
+def init(volumes: Volumes, *, coordinator: coordinator_mod.Coordinator) -> None:
+    """Each volume once (rank 0's first): fence, pending branch, clean-up, rotation."""
+    opts = volumes.opts
+    if volumes.rank == 0:
+        try:
+            if volumes.s3 is not None and opts.s3 is not None and opts.job_uid:
+                remote.check_prefix_owner(volumes.s3, opts.s3, job_uid=opts.job_uid)
+            prepare(volumes)
+        except BaseException as exc:
+            coordinator.broadcast("init", {"error": repr(exc)})
+            raise
+        coordinator.broadcast("init", {"ok": True})
+        return
+    result = coordinator.wait_for("init", timeout=opts.timeout_seconds)
+    if result.get("error"):
+        raise errors.CheckpointError(f"checkpoint root init failed: {result['error']}")
+    if rotation.rotates_here(rank=volumes.rank, shared=volumes.shared):
+        # Node-local volume: this rank's own volume is its to prepare.
+        prepare(volumes)
+
+
+def prepare(volumes: Volumes) -> None:
+    """One volume: fence file and clean-up, a pending branch finished, rotation."""
+    opts = volumes.opts
+    startup.prepare(
+        opts.directory,
+        job_uid=opts.job_uid,
+        attempt=opts.attempt,
+        rank=volumes.rank,
+        callbacks=volumes.callbacks,
+        group=opts.group,
+        keyring=opts.manifest_keyring,
+    )
+    lineage.finish_pending(volumes.lineage_volume(), callbacks=volumes.callbacks)
+    rotation.rotate(opts, rank=volumes.rank, in_flight=frozenset(), callbacks=volumes.callbacks)
