@@ -14,11 +14,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import trainingjob
-from cairn.operator import jobapply
+from cairn.operator import jobapply, kubeapi
 from cairn.operator.core import k8stypes, ttl, tunables
 from cairn.operator.reconcile import Key, clock
 
@@ -35,7 +34,7 @@ class FinishedJobs:
         *,
         reconcile: Reconcile,
         pods_ready: Callable[[], Awaitable[None]],
-        api: Any,
+        api: kubeapi.KubeApi,
         settings: tunables.Reconcile = tunables.DEFAULT.reconcile,
     ) -> None:
         self.bodies: dict[Key, dict[str, Any]] = {}
@@ -119,13 +118,13 @@ class FinishedJobs:
             self._set_timer(key, self._settings.error_retry_seconds)
 
 
-def delete_expired(api: Any, raw: dict[str, Any]) -> None:
+def delete_expired(api: kubeapi.KubeApi, raw: dict[str, Any]) -> None:
     """Post ``TTLExpired`` and delete the job (background propagation)."""
     ref = jobapply.JobRef.of(raw)
     event = k8stypes.Event(type="Normal", reason=ttl.EVENT_REASON, message=ttl.message(raw))
     jobapply.post_event(api, ref, event, now=clock())
     try:
-        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+        api.custom.delete_namespaced_custom_object(
             trainingjob.GROUP,
             trainingjob.VERSION,
             ref.namespace,

@@ -37,7 +37,7 @@ from kubernetes import client, config
 from kubernetes.config import config_exception
 
 from cairn.api import jobstatus, trainingjob
-from cairn.operator import metrics, ondelete, podcache, reconcile, runtime
+from cairn.operator import kubeapi, metrics, ondelete, podcache, reconcile, runtime
 from cairn.operator.core import kueueplan, names, tunables
 
 FINALIZER = "cairn.dev/finalizer"
@@ -70,7 +70,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     configuration = client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = RECONCILE.api_threads
     state = runtime.Runtime(
-        api=client.ApiClient(configuration), watch_namespaces=memo.get("watch_namespaces")
+        api=kubeapi.KubeApi.of(client.ApiClient(configuration)),
+        watch_namespaces=memo.get("watch_namespaces"),
     )
     memo["runtime"] = state
     memo["api"] = state.api

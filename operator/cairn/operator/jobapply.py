@@ -36,6 +36,7 @@ from kubernetes import client
 from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import manifest, podenv, trainingjob
+from cairn.operator import kubeapi
 from cairn.operator.core import clock, jobobserve, jobplan, k8stypes, names
 
 LOG = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Result:
     """Children a delete found already gone (404): the pod cache is behind."""
 
 
-def _unread(response: Any) -> None:
+def _unread(response: kubeapi.RawResponse) -> None:
     """Done with a response whose body we do not need: the Python client would
     otherwise decode it into its model classes (V1Pod, V1Event...), which costs
     more CPU than the call itself; the connection goes back to the pool."""
@@ -121,13 +122,12 @@ def _with_fresh_keyring(secret: k8stypes.Secret) -> k8stypes.Secret:
     return {**secret, "data": {podenv.MANIFEST_KEYRING_FILE: encoded}}
 
 
-def _create(api: Any, child: k8stypes.Child) -> jobobserve.CreateError | None:
+def _create(api: kubeapi.KubeApi, child: k8stypes.Child) -> jobobserve.CreateError | None:
     """Create ``child``; None when it exists now and is ours."""
     namespace = child["metadata"]["namespace"]
     name = child["metadata"]["name"]
     kind = child["kind"]
-    core = client.CoreV1Api(api)
-    rbac = client.RbacAuthorizationV1Api(api)
+    core, rbac = api.core, api.rbac
     calls: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
         "Pod": (core.create_namespaced_pod, core.read_namespaced_pod),
         "Service": (core.create_namespaced_service, core.read_namespaced_service),
@@ -170,7 +170,7 @@ def _create(api: Any, child: k8stypes.Child) -> jobobserve.CreateError | None:
 
 
 def _create_all(
-    api: Any, children: tuple[k8stypes.Child, ...]
+    api: kubeapi.KubeApi, children: tuple[k8stypes.Child, ...]
 ) -> tuple[list[str], list[jobobserve.CreateError]]:
     """Create in order: (created or already ours, refused). After a per-job
     child fails, skip the pods (they would start without their Service,
@@ -195,9 +195,9 @@ def _create_all(
     return done, errors
 
 
-def _delete(api: Any, target: jobplan.Delete) -> bool:
+def _delete(api: kubeapi.KubeApi, target: jobplan.Delete) -> bool:
     """Delete ``target``; False when it was already gone (404)."""
-    core = client.CoreV1Api(api)
+    core = api.core
     options = client.V1DeleteOptions(
         preconditions=client.V1Preconditions(uid=target.uid) if target.uid else None
     )
@@ -243,9 +243,9 @@ def event_body(*, job: JobRef, event: k8stypes.Event, now: datetime.datetime) ->
     }
 
 
-def patch_status(api: Any, job: JobRef, status: dict[str, Any]) -> dict[str, Any]:
+def patch_status(api: kubeapi.KubeApi, job: JobRef, status: dict[str, Any]) -> dict[str, Any]:
     """Merge-patch the job's /status as the operator; the job as the server left it."""
-    patched: dict[str, Any] = client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+    patched: dict[str, Any] = api.custom.patch_namespaced_custom_object_status(
         trainingjob.GROUP,
         trainingjob.VERSION,
         job.namespace,
@@ -258,11 +258,13 @@ def patch_status(api: Any, job: JobRef, status: dict[str, Any]) -> dict[str, Any
     return patched
 
 
-def post_event(api: Any, job: JobRef, event: k8stypes.Event, *, now: datetime.datetime) -> None:
+def post_event(
+    api: kubeapi.KubeApi, job: JobRef, event: k8stypes.Event, *, now: datetime.datetime
+) -> None:
     """Post an Event about the job; best effort (a failure is logged)."""
     try:
         _unread(
-            client.CoreV1Api(api).create_namespaced_event(
+            api.core.create_namespaced_event(
                 job.namespace, event_body(job=job, event=event, now=now), _preload_content=False
             )
         )
@@ -273,7 +275,7 @@ def post_event(api: Any, job: JobRef, event: k8stypes.Event, *, now: datetime.da
 
 
 def apply(
-    *, api: Any, job: JobRef, todo: jobplan.Plan, now: Callable[[], datetime.datetime]
+    *, api: kubeapi.KubeApi, job: JobRef, todo: jobplan.Plan, now: Callable[[], datetime.datetime]
 ) -> Result:
     """Apply ``todo``; raises ApiException on anything but the tolerated codes."""
     patched: dict[str, Any] | None = None

@@ -27,11 +27,10 @@ import json
 import logging
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import jobstatus, podenv, trainingjob
-from cairn.operator import jobapply
+from cairn.operator import jobapply, kubeapi
 from cairn.operator.core import (
     builders,
     jobobserve,
@@ -51,13 +50,9 @@ _warned: dict[tuple[str, str], str] = {}
 """The last Warning posted per job, so a retry loop does not repeat it."""
 
 
-def _objects(api: Any) -> Any:
-    return client.CustomObjectsApi(api)
-
-
-def _get_workload(api: Any, namespace: str, name: str) -> dict[str, Any] | None:
+def _get_workload(api: kubeapi.KubeApi, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        found: dict[str, Any] = _objects(api).get_namespaced_custom_object(
+        found: dict[str, Any] = api.custom.get_namespaced_custom_object(
             kueueplan.GROUP, kueueplan.VERSION, namespace, kueueplan.PLURAL, name
         )
     except k8s_exceptions.ApiException as error:
@@ -67,11 +62,11 @@ def _get_workload(api: Any, namespace: str, name: str) -> dict[str, Any] | None:
     return found
 
 
-def _flavors(api: Any, workload: kueueplan.Workload) -> dict[str, dict[str, Any]]:
+def _flavors(api: kubeapi.KubeApi, workload: kueueplan.Workload) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name in workload.flavors:
         try:
-            out[name] = _objects(api).get_cluster_custom_object(
+            out[name] = api.custom.get_cluster_custom_object(
                 kueueplan.GROUP, kueueplan.VERSION, kueueplan.FLAVORS, name
             )
         except k8s_exceptions.ApiException as error:
@@ -81,7 +76,9 @@ def _flavors(api: Any, workload: kueueplan.Workload) -> dict[str, dict[str, Any]
     return out
 
 
-def read(api: Any, job: trainingjob.TrainingJob | jobobserve.InvalidJob) -> kueueplan.Queue | None:
+def read(
+    api: kubeapi.KubeApi, job: trainingjob.TrainingJob | jobobserve.InvalidJob
+) -> kueueplan.Queue | None:
     """The job's Workload as the plan needs it; None for a job that is not queued."""
     if isinstance(job, jobobserve.InvalidJob) or not job.spec.managed_by_cairn:
         return None
@@ -98,9 +95,9 @@ def read(api: Any, job: trainingjob.TrainingJob | jobobserve.InvalidJob) -> kueu
     return kueueplan.Queue(name=queue, workload=workload, placement=where)
 
 
-def _priority(api: Any, name: str) -> int | None:
+def _priority(api: kubeapi.KubeApi, name: str) -> int | None:
     try:
-        found = _objects(api).get_cluster_custom_object(
+        found = api.custom.get_cluster_custom_object(
             kueueplan.GROUP, kueueplan.VERSION, kueueplan.PRIORITY_CLASSES, name
         )
     except k8s_exceptions.ApiException as error:
@@ -110,7 +107,9 @@ def _priority(api: Any, name: str) -> int | None:
     return int(found.get("value", 0))
 
 
-def _warn(api: Any, raw: dict[str, Any], *, message: str, now: datetime.datetime) -> None:
+def _warn(
+    api: kubeapi.KubeApi, raw: dict[str, Any], *, message: str, now: datetime.datetime
+) -> None:
     ref = jobapply.JobRef.of(raw)
     key = (ref.namespace, ref.name)
     if _warned.get(key) == message:
@@ -121,7 +120,11 @@ def _warn(api: Any, raw: dict[str, Any], *, message: str, now: datetime.datetime
 
 
 def _create(
-    api: Any, raw: dict[str, Any], job: trainingjob.TrainingJob, *, now: datetime.datetime
+    api: kubeapi.KubeApi,
+    raw: dict[str, Any],
+    job: trainingjob.TrainingJob,
+    *,
+    now: datetime.datetime,
 ) -> float:
     wanted = kueueplan.priority_class(job)
     priority: tuple[str, int] | None = None
@@ -139,7 +142,7 @@ def _create(
         priority=priority,
     )
     try:
-        _objects(api).create_namespaced_custom_object(
+        api.custom.create_namespaced_custom_object(
             kueueplan.GROUP,
             kueueplan.VERSION,
             job.metadata.namespace,
@@ -163,12 +166,14 @@ def _create(
     return RETRY_SECONDS
 
 
-def _patch(api: Any, namespace: str, name: str, body: dict[str, Any], *, status: bool) -> bool:
+def _patch(
+    api: kubeapi.KubeApi, namespace: str, name: str, body: dict[str, Any], *, status: bool
+) -> bool:
     """Merge-patch the Workload (or its /status); False when it lost a race (409/404)."""
     call = (
-        _objects(api).patch_namespaced_custom_object_status
+        api.custom.patch_namespaced_custom_object_status
         if status
-        else _objects(api).patch_namespaced_custom_object
+        else api.custom.patch_namespaced_custom_object
     )
     try:
         call(
@@ -188,10 +193,10 @@ def _patch(api: Any, namespace: str, name: str, body: dict[str, Any], *, status:
     return True
 
 
-def _live_pods(api: Any, job: trainingjob.TrainingJob) -> int:
+def _live_pods(api: kubeapi.KubeApi, job: trainingjob.TrainingJob) -> int:
     """The job's own pods (``podowner``) whose containers may still run, from the
     API server itself: a pod that only carries the job's labels never holds the quota."""
-    response = client.CoreV1Api(api).list_namespaced_pod(
+    response = api.core.list_namespaced_pod(
         job.metadata.namespace,
         label_selector=f"{names.LABEL_JOB}={job.metadata.name}",
         _preload_content=False,
@@ -211,7 +216,7 @@ class Released:
 
 
 def _release(
-    api: Any,
+    api: kubeapi.KubeApi,
     raw: dict[str, Any],
     job: trainingjob.TrainingJob,
     workload: kueueplan.Workload,
@@ -246,7 +251,7 @@ def _phase(job: trainingjob.TrainingJob, decision: Any) -> jobstatus.Phase:
 
 
 def sync(
-    api: Any,
+    api: kubeapi.KubeApi,
     *,
     raw: dict[str, Any],
     job: trainingjob.TrainingJob | jobobserve.InvalidJob,

@@ -21,7 +21,7 @@ from kubernetes import client
 from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import trainingjob
-from cairn.operator import jobapply, prefixapply, s3observe, s3pass
+from cairn.operator import jobapply, kubeapi, prefixapply, s3observe, s3pass
 from cairn.operator.core import jobobserve, k8stypes, podowner, tunables
 from cairn.operator.reconcile import clock, list_pods
 
@@ -38,7 +38,7 @@ class RetryLaterError(Exception):
         self.delay = delay
 
 
-def _own_pods(api: Any, job: trainingjob.TrainingJob) -> list[jobobserve.ObservedPod]:
+def _own_pods(api: kubeapi.KubeApi, job: trainingjob.TrainingJob) -> list[jobobserve.ObservedPod]:
     """The job's own pods (``podowner``) from the API server: a pod that only
     carries the job's labels is never deleted with it."""
     name, uid = job.metadata.name, job.metadata.uid
@@ -46,18 +46,20 @@ def _own_pods(api: Any, job: trainingjob.TrainingJob) -> list[jobobserve.Observe
     return [p for p in listed if podowner.owns(p, job_name=name, job_uid=uid)]
 
 
-def _delete_pods(api: Any, namespace: str, pods: list[jobobserve.ObservedPod]) -> None:
+def _delete_pods(api: kubeapi.KubeApi, namespace: str, pods: list[jobobserve.ObservedPod]) -> None:
     for pod in pods:
         # The uid precondition: a successor with the same name is not this pod.
         options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid))
         try:
-            client.CoreV1Api(api).delete_namespaced_pod(pod.name, namespace, body=options)
+            api.core.delete_namespaced_pod(pod.name, namespace, body=options)
         except k8s_exceptions.ApiException as error:
             if error.status not in (404, 409):
                 raise
 
 
-async def _pods_gone(api: Any, job: trainingjob.TrainingJob, settings: tunables.Reconcile) -> None:
+async def _pods_gone(
+    api: kubeapi.KubeApi, job: trainingjob.TrainingJob, settings: tunables.Reconcile
+) -> None:
     """Delete the job's pods (their grace period lets the writer finish) and wait,
     bounded by that grace period plus a margin, until the API server has none."""
     bound = job.spec.checkpoint.final_checkpoint_grace_seconds + settings.pod_gone_margin_seconds
@@ -81,7 +83,7 @@ async def _pods_gone(api: Any, job: trainingjob.TrainingJob, settings: tunables.
 async def clean_up(
     *,
     raw: dict[str, Any],
-    api: Any,
+    api: kubeapi.KubeApi,
     retry: int,
     in_storage_thread: InStorageThread,
     settings: tunables.Settings = tunables.DEFAULT,

@@ -21,7 +21,7 @@ import typing
 import botocore.exceptions
 
 from cairn.api import s3owner, trainingjob
-from cairn.operator import s3observe
+from cairn.operator import kubeapi, s3observe
 from cairn.operator.core import prefixplan
 
 if typing.TYPE_CHECKING:
@@ -122,7 +122,7 @@ def me(job: trainingjob.TrainingJob) -> s3owner.Owner:
 
 
 def open_prefix(
-    *, api: object, job: trainingjob.TrainingJob, config: prefixplan.Settings | None = None
+    *, api: kubeapi.KubeApi, job: trainingjob.TrainingJob, config: prefixplan.Settings | None = None
 ) -> Access:
     """The access gate, then the claim. Raises ``s3observe.StoreError`` on I/O failures."""
     upload = job.spec.checkpoint.upload

@@ -21,9 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
-from kubernetes import client
-
-from cairn.operator import jobapply, kueueapply, podcache
+from cairn.operator import jobapply, kubeapi, kueueapply, podcache
 from cairn.operator.core import jobobserve, jobplan, kueueplan, names, tunables
 
 LOG = logging.getLogger(__name__)
@@ -121,11 +119,13 @@ class PodTruth:
         return tuple(p for p in cached if p.uid not in self.ghosts)
 
 
-def list_pods(api: Any, namespace: str, name: str) -> tuple[jobobserve.ObservedPod, ...]:
+def list_pods(
+    api: kubeapi.KubeApi, namespace: str, name: str
+) -> tuple[jobobserve.ObservedPod, ...]:
     """The job's pods straight from the API server (not the watch cache)."""
     # The JSON as sent: decoding into V1Pod objects and back would cost more
     # CPU than the request (every job lists on each resync).
-    response = client.CoreV1Api(api).list_namespaced_pod(
+    response = api.core.list_namespaced_pod(
         namespace, label_selector=f"{names.LABEL_JOB}={name}", _preload_content=False
     )
     items = json.loads(response.data).get("items") or []
@@ -134,7 +134,7 @@ def list_pods(api: Any, namespace: str, name: str) -> tuple[jobobserve.ObservedP
 
 
 async def _observe_pods(
-    *, truth: PodTruth, cached: tuple[jobobserve.ObservedPod, ...], api: Any, key: Key
+    *, truth: PodTruth, cached: tuple[jobobserve.ObservedPod, ...], api: kubeapi.KubeApi, key: Key
 ) -> tuple[jobobserve.ObservedPod, ...] | None:
     """The pods to plan from; None while pods the last apply created are awaited."""
     if not truth.list_next:
@@ -155,7 +155,7 @@ async def _observe_pods(
 
 async def _apply(
     *,
-    api: Any,
+    api: kubeapi.KubeApi,
     raw: dict[str, Any],
     todo: jobplan.Plan,
     written: Written,
@@ -187,7 +187,7 @@ async def reconcile_once(
     *,
     body: Mapping[str, Any],
     pods: podcache.PodCache,
-    api: Any,
+    api: kubeapi.KubeApi,
     written: Written,
     truth: PodTruth | None = None,
     reported: MutableMapping[Key, frozenset[str]] | None = None,

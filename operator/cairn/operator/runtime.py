@@ -18,7 +18,16 @@ from typing import Any, Protocol, TypeVar
 from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import trainingjob
-from cairn.operator import finishedjobs, metrics, podcache, reconcile, s3loop, s3observe, s3pass
+from cairn.operator import (
+    finishedjobs,
+    kubeapi,
+    metrics,
+    podcache,
+    reconcile,
+    s3loop,
+    s3observe,
+    s3pass,
+)
 from cairn.operator.core import tunables
 from cairn.operator.reconcile import Key
 
@@ -45,12 +54,12 @@ async def sleep_until(kick: asyncio.Event, stopped: Stopped, timeout: float) -> 
 
 
 class Runtime:
-    """One operator's mutable state. ``api``: its Kubernetes client."""
+    """One operator's mutable state. ``api``: its Kubernetes calls (``kubeapi``)."""
 
     def __init__(
         self,
         *,
-        api: Any,
+        api: kubeapi.KubeApi,
         settings: tunables.Settings = tunables.DEFAULT,
         watch_namespaces: list[str] | None = None,
     ) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cairn.api import retention
-from cairn.operator import jobapply, s3observe
+from cairn.operator import jobapply, kubeapi, s3observe
 from cairn.operator.core import k8stypes, s3plan, tunables
 
 if typing.TYPE_CHECKING:
@@ -94,7 +94,7 @@ def delete_prefix(s3: S3Client, target: s3observe.Target) -> int:
 
 def record(
     *,
-    api: Any,
+    api: kubeapi.KubeApi,
     job: jobapply.JobRef,
     patch: dict[str, Any] | None,
     events: tuple[k8stypes.Event, ...],

@@ -40,11 +40,11 @@ import boto3
 import botocore.config
 import botocore.exceptions
 import pydantic
-from kubernetes import client as k8s
 from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import checkpointspec, podenv
 from cairn.api import manifest as manifest_mod
+from cairn.operator import kubeapi
 from cairn.operator.core import names, s3plan, tunables
 
 if typing.TYPE_CHECKING:
@@ -107,7 +107,7 @@ def forget_credentials(job_uid: str) -> None:
 
 
 def manifest_keyring(
-    api: Any, *, job: str, namespace: str, job_uid: str
+    api: kubeapi.KubeApi, *, job: str, namespace: str, job_uid: str
 ) -> manifest_mod.Keyring | None:
     """The job's manifest keyring from its Secret; None when there is none (404).
 
@@ -119,7 +119,7 @@ def manifest_keyring(
     """
     name = names.manifest_key_secret_name(job)
     try:
-        secret = k8s.CoreV1Api(api).read_namespaced_secret(name, namespace)
+        secret = api.core.read_namespaced_secret(name, namespace)
     except k8s_exceptions.ApiException as error:
         if error.status == 404:
             return None
@@ -137,7 +137,7 @@ def manifest_keyring(
 
 
 def credentials(
-    api: Any, namespace: str, ref: checkpointspec.SecretRef | None, *, job_uid: str = ""
+    api: kubeapi.KubeApi, namespace: str, ref: checkpointspec.SecretRef | None, *, job_uid: str = ""
 ) -> tuple[str | None, str | None]:
     """The access key pair from the referenced Secret (read now), or (None, None).
 
@@ -147,7 +147,7 @@ def credentials(
     if ref is None:
         return None, None
     try:
-        secret = k8s.CoreV1Api(api).read_namespaced_secret(ref.name, namespace)
+        secret = api.core.read_namespaced_secret(ref.name, namespace)
     except k8s_exceptions.ApiException as error:
         if error.status == 404 and job_uid in _last_good:
             return _last_good[job_uid]
@@ -250,7 +250,7 @@ CLIENTS = ClientCache()
 
 
 def client_for(
-    api: Any,
+    api: kubeapi.KubeApi,
     namespace: str,
     upload: checkpointspec.UploadSpec,
     *,

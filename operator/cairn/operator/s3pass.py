@@ -26,7 +26,7 @@ from typing import Any
 
 from cairn.api import manifest as manifest_mod
 from cairn.api import trainingjob
-from cairn.operator import jobapply, prefixapply, s3apply, s3observe
+from cairn.operator import jobapply, kubeapi, prefixapply, s3apply, s3observe
 from cairn.operator.core import clock, jobobserve, k8stypes, prefixplan, s3plan
 
 if typing.TYPE_CHECKING:
@@ -59,7 +59,7 @@ class _Seen:
 
 def _observe(
     *,
-    api: Any,
+    api: kubeapi.KubeApi,
     job: trainingjob.TrainingJob,
     target: s3observe.Target,
     caches: s3observe.Caches,
@@ -83,7 +83,7 @@ def _observe(
 
 def storage_pass(
     *,
-    api: Any,
+    api: kubeapi.KubeApi,
     raw: dict[str, Any],
     job: trainingjob.TrainingJob,
     caches: s3observe.Caches,
@@ -131,7 +131,7 @@ def storage_pass(
     )
 
 
-def cleanup(*, api: Any, raw: dict[str, Any], job: trainingjob.TrainingJob) -> int:
+def cleanup(*, api: kubeapi.KubeApi, raw: dict[str, Any], job: trainingjob.TrainingJob) -> int:
     """``onDelete: Delete``: remove the job's step folders from S3; the objects deleted.
 
     Raises ``s3observe.StoreError``; the caller retries and gives up bounded.

@@ -358,7 +358,15 @@ def _leftovers(handle: DevclusterHandle, namespace: str, instance: str) -> list[
     out = helmtools.kubectl(
         handle.kubeconfig, "get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "json"
     )
-    items += json.loads(out)["items"]
+    # Cluster-scoped objects of THIS release: another release of the same name
+    # in another namespace (the module's `release`, whose crds.install=true
+    # brings the user-role ClusterRoles) is not this one's orphan.
+    items += [
+        i
+        for i in json.loads(out)["items"]
+        if (i["metadata"].get("annotations") or {}).get("meta.helm.sh/release-namespace")
+        in (None, namespace)
+    ]
     # Helm's release records are Secrets labelled owner=helm,name=<release>.
     out = helmtools.kubectl(
         handle.kubeconfig,
@@ -432,11 +440,16 @@ def test_upgrade_then_uninstall_leaves_no_orphans(
         helm_cmd(
             helm, devcluster, "uninstall", RELEASE, "-n", namespace, "--wait", "--timeout", "60s"
         )
-        kube_helpers.wait_for(
-            lambda: _leftovers(devcluster, namespace, RELEASE) == [],
-            timeout=60,
-            what="no object of the release left",
-        )
+        seen: list[list[str]] = [[]]
+
+        def none_left() -> bool:
+            seen[0] = _leftovers(devcluster, namespace, RELEASE)
+            return seen[0] == []
+
+        try:
+            kube_helpers.wait_for(none_left, timeout=60, what="no object of the release left")
+        except AssertionError as exc:  # name what stayed
+            raise AssertionError(f"{exc}: {seen[0]}") from None
         crd = client.ApiextensionsV1Api(devcluster.api_client).read_custom_resource_definition(
             "trainingjobs.cairn.dev"
         )

@@ -18,7 +18,7 @@ import typing
 import pytest
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import aside, errors, layout, options, remote
+from cairn.checkpoint import aside, errors, layout, options, remote, s3transport
 
 
 def make_step(root: pathlib.Path, step: int) -> pathlib.Path:
@@ -126,7 +126,7 @@ def test_remote_manifest_is_copied_raw_then_removed_data_untouched(
 ) -> None:
     bucket = s3_server.new_bucket("aside-remote")
     opts = s3opts(s3_server, bucket)
-    client = remote.make_client(opts)
+    client = s3transport.make_client(opts)
     put_step(client, bucket, 4)
     key = aside.move_aside_remote(
         client, opts, 4, kind="quarantine", tag="abcd1234-a1", reason="crc mismatch"
@@ -147,7 +147,7 @@ def test_remote_repeat_after_interruption_finishes_without_second_copy(
 ) -> None:
     bucket = s3_server.new_bucket("aside-repeat")
     opts = s3opts(s3_server, bucket)
-    client = remote.make_client(opts)
+    client = s3transport.make_client(opts)
     put_step(client, bucket, 4)
     parent = aside.aside_prefix(opts, kind="superseded", tag="lin")
     # Interrupted after the copy, before deleting the original.
@@ -167,7 +167,7 @@ def test_remote_repeat_after_interruption_finishes_without_second_copy(
 def test_remote_same_step_with_other_content_gets_a_suffix(s3_server: typing.Any) -> None:
     bucket = s3_server.new_bucket("aside-suffix")
     opts = s3opts(s3_server, bucket)
-    client = remote.make_client(opts)
+    client = s3transport.make_client(opts)
     parent = aside.aside_prefix(opts, kind="foreign", tag="ffff")
     client.put_object(Bucket=bucket, Key=f"{parent}/step-000000004/manifest.json", Body=b"older")
     put_step(client, bucket, 4)
@@ -182,6 +182,6 @@ def test_remote_same_step_with_other_content_gets_a_suffix(s3_server: typing.Any
 def test_remote_missing_manifest_is_an_error(s3_server: typing.Any) -> None:
     bucket = s3_server.new_bucket("aside-missing")
     opts = s3opts(s3_server, bucket)
-    client = remote.make_client(opts)
+    client = s3transport.make_client(opts)
     with pytest.raises(errors.CheckpointError, match="nothing moved aside"):
         aside.move_aside_remote(client, opts, 9, kind="quarantine", tag="t", reason="r")

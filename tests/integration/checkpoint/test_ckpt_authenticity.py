@@ -38,7 +38,7 @@ import torch
 
 from cairn.api import checkpointspec
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, layout, manager, options, remote, state
+from cairn.checkpoint import errors, layout, manager, options, remote, s3transport, state
 from cairn.operator import s3observe
 from cairn.operator.core import s3plan
 
@@ -116,7 +116,7 @@ def test_forged_and_copied_steps_are_foreign_kept_and_the_job_resumes_its_own(
     bucket = s3_server.new_bucket("auth-forged")
     s3 = ckpt_harness.s3_cfg(s3_server, bucket, prefix="jobs/auth")
     s3opts = options.S3Options(**s3)
-    client = remote.make_client(s3opts)
+    client = s3transport.make_client(s3opts)
     ckpt = tmp_path / "ckpt"
     base: dict[str, typing.Any] = {
         "dir": str(ckpt),

@@ -31,7 +31,7 @@ import pytest
 import tcp_hold_proxy  # type: ignore[import-not-found]
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, layout, lineage, options, remote
+from cairn.checkpoint import errors, layout, lineage, options, remote, s3transport
 
 STALL = 3.0
 """The tests' stall_seconds (the API's minimum is 5; the library takes any > 0)."""
@@ -171,7 +171,7 @@ def test_upload_to_a_hung_store_fails_with_the_watchdogs_reason(
     started = time.monotonic()
     with pytest.raises(errors.RemoteError, match=f"no progress for 3 s to {endpoint}"):
         remote.upload_files(
-            remote.make_client(opts), opts, folder=tmp_path, manifest=manifest, entries=[entry]
+            s3transport.make_client(opts), opts, folder=tmp_path, manifest=manifest, entries=[entry]
         )
     # Bounded by the watchdog, not by read_timeout x attempts (60 s here).
     assert time.monotonic() - started < STALL + 20
@@ -181,9 +181,9 @@ def test_download_from_a_hung_store_is_a_transport_error(
     tmp_path: pathlib.Path, held_store: tuple[options.S3Options, str]
 ) -> None:
     opts, _ = held_store
-    client = remote.make_client(opts)
+    client = s3transport.make_client(opts)
     started = time.monotonic()
-    with pytest.raises(remote.StallError, match="no progress for 3 s"):
+    with pytest.raises(s3transport.StallError, match="no progress for 3 s"):
         remote.download_files(
             client,
             opts,
@@ -192,14 +192,14 @@ def test_download_from_a_hung_store_is_a_transport_error(
             folder=tmp_path,
             names=["blob"],
         )
-    assert remote.is_transient(remote.StallError("x"))
+    assert s3transport.is_transient(s3transport.StallError("x"))
     with pytest.raises(errors.TransportError, match="transport kept failing"):
-        remote.retrying(
+        s3transport.retrying(
             lambda: remote.get_bytes_or_none(
                 client, opts.bucket, "p/step-000000001/blob", within=opts.stall_seconds
             ),
             what="reading the manifest",
-            backoff=remote.Backoff(rounds=2, first_seconds=0.1),
+            backoff=s3transport.Backoff(rounds=2, first_seconds=0.1),
         )
     # Two bounded reads and one download, each cut at the stall bound.
     assert time.monotonic() - started < 3 * STALL + 30
@@ -223,13 +223,15 @@ def test_listing_a_hung_store_is_a_transport_error(
     held_store: tuple[options.S3Options, str],
 ) -> None:
     opts = _read_opts(held_store)
-    client = remote.make_client(opts)
+    client = s3transport.make_client(opts)
     started = time.monotonic()
     with pytest.raises(errors.TransportError, match="no answer for 1 s"):
-        remote.retrying(lambda: remote.committed_steps(client, opts), what="listing remote steps")
+        s3transport.retrying(
+            lambda: remote.committed_steps(client, opts), what="listing remote steps"
+        )
     assert time.monotonic() - started < READ_BOUND
     started = time.monotonic()
-    with pytest.raises(remote.StallError, match="listing s3://"):
+    with pytest.raises(s3transport.StallError, match="listing s3://"):
         remote.list_sizes(client, opts.bucket, "p", within=opts.stall_seconds)
     assert time.monotonic() - started < READ_STALL + 15
 
@@ -240,7 +242,7 @@ def test_lineage_reads_of_a_hung_store_fail_bounded(
     """The first save's lineage decision reads S3; a RemoteError there makes it
     decide from the volume (`lineage.begin`), so it must come, and soon."""
     opts = _read_opts(held_store)
-    client = remote.make_client(opts)
+    client = s3transport.make_client(opts)
     for read in (
         lambda: lineage.own_remote_steps(client, opts, job_uid="job-uid"),
         lambda: lineage.read_remote_record(client, opts),
@@ -258,7 +260,7 @@ def test_prefix_owner_check_of_a_hung_store_is_bounded_and_logged(
     opts = _read_opts(held_store)
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="cairn.checkpoint"):
-        remote.check_prefix_owner(remote.make_client(opts), opts, job_uid="job-uid")
+        remote.check_prefix_owner(s3transport.make_client(opts), opts, job_uid="job-uid")
     assert time.monotonic() - started < READ_BOUND
     warned = [r.getMessage() for r in caplog.records if "prefix owner" in r.getMessage()]
     assert warned and "no answer for 1 s" in warned[-1], warned

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, events, layout, manager, options, remote, state
+from cairn.checkpoint import errors, events, layout, manager, options, remote, s3transport, state
 
 pytestmark = [
     pytest.mark.s3,
@@ -101,7 +101,7 @@ def test_kill_during_upload_leaves_no_remote_manifest(
     ckpt_harness.wait_for_file(tmp_path / "upload-1-4", job=job)
     ckpt_harness.sigkill(job, 1)
     job.kill()
-    client = remote.make_client(options.S3Options(**s3))
+    client = s3transport.make_client(options.S3Options(**s3))
     assert remote.committed_steps(client, options.S3Options(**s3)) == [2]
     assert "jobs/demo/step-000000004/a0-local/__1_0.distcp" in ckpt_harness.bucket_keys(
         s3_server, bucket
@@ -189,7 +189,7 @@ def test_upload_survives_injected_5xx_and_resets(
     bucket = s3_server.new_bucket("ckpt-faults")
     s3 = ckpt_harness.s3_cfg(s3_server, bucket, max_attempts=8, part_size=5 * 1024 * 1024)
     opts = single_opts(tmp_path, s3)
-    client = remote.make_client(opts.s3)  # type: ignore[arg-type]
+    client = s3transport.make_client(opts.s3)  # type: ignore[arg-type]
     faults = Faults(every=3)
     client.meta.events.register_first("before-send.s3", typing.cast(typing.Any, faults.before_send))
     client.meta.events.register("after-call.s3", faults.after_call)
@@ -199,7 +199,7 @@ def test_upload_survives_injected_5xx_and_resets(
             m.save(step, trainer.objects)
         m.wait_until_finished()
     assert faults.injected >= 3
-    check = remote.make_client(opts.s3)  # type: ignore[arg-type]
+    check = s3transport.make_client(opts.s3)  # type: ignore[arg-type]
     assert remote.committed_steps(check, opts.s3) == [1, 2]  # type: ignore[arg-type]
     for step in (1, 2):
         puts = [k for k in faults.puts if f"step-{step:09d}" in k]
@@ -215,7 +215,7 @@ def test_manifest_failure_never_marks_uploaded(
     bucket = s3_server.new_bucket("ckpt-nomanifest")
     s3 = ckpt_harness.s3_cfg(s3_server, bucket, max_attempts=2)
     opts = single_opts(tmp_path, s3, upload_on_failure=on_failure)
-    client = remote.make_client(opts.s3)  # type: ignore[arg-type]
+    client = s3transport.make_client(opts.s3)  # type: ignore[arg-type]
     faults = Faults(every=10**9, fail_keys="manifest.json")
     client.meta.events.register_first("before-send.s3", typing.cast(typing.Any, faults.before_send))
     trainer = Trainer(size=64)

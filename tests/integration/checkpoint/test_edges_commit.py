@@ -50,6 +50,7 @@ from cairn.checkpoint import (
     manager,
     options,
     remote,
+    s3transport,
     state,
     status_reporter,
 )
@@ -174,7 +175,7 @@ def test_rollback_then_three_saves_keeps_the_new_lineage(
         body = s3_server.client().get_object(Bucket=bucket, Key=f"{key}/manifest.json")
         assert manifest_mod.parse_manifest(body["Body"].read()) == manifest
     s3opts = options.S3Options(**base["s3"])
-    client = remote.make_client(s3opts)
+    client = s3transport.make_client(s3opts)
     assert remote.committed_steps(client, s3opts) == [2, 4, 6, 8, 10]
 
     later = ckpt_harness.launch(
@@ -200,7 +201,7 @@ def test_crash_between_local_and_remote_supersede_then_empty_volume_resumes_the_
     bucket = s3_server.new_bucket("edge-branch-crash")
     s3 = ckpt_harness.s3_cfg(s3_server, bucket, prefix="jobs/edge")
     s3opts = options.S3Options(**s3)
-    client = remote.make_client(s3opts)
+    client = s3transport.make_client(s3opts)
     base: dict[str, typing.Any] = {"interval": 2, "keep_last": 10, "job_uid": UID_A, "s3": s3}
     ckpt_harness.launch(
         {**base, "dir": str(tmp_path / "pods-a0-{rank}"), "steps": 8},
@@ -470,7 +471,7 @@ def test_operator_verifies_attempt_scoped_multipart_objects_by_crc(
         job_uid=UID_A,
         data_prefix=f"a2-{UID_A[:8]}",
     )
-    client = remote.make_client(s3opts)
+    client = s3transport.make_client(s3opts)
     remote.upload_files(client, s3opts, folder=folder, manifest=record, entries=entries)
     remote.put_manifest(client, s3opts, record)
 

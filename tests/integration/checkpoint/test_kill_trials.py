@@ -51,7 +51,7 @@ import pytest
 import torch
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, layout, options, remote
+from cairn.checkpoint import errors, layout, options, remote, s3transport
 
 pytestmark = [pytest.mark.torch, pytest.mark.s3, pytest.mark.timeout(1800)]
 
@@ -185,7 +185,7 @@ def run_chain(
 ) -> None:
     chain = tmp / f"chain-{index}"
     s3opts = options.S3Options(**s3)
-    client = remote.make_client(s3opts)
+    client = s3transport.make_client(s3opts)
     expected: int | None = None
     newest_local: int | None = None
     never_uploaded: set[tuple[int, int]] = set()

@@ -101,3 +101,54 @@ def test_node_local_resume_downloads_only_what_a_rank_lacks(
     assert layout.is_committed(layout.step_dir(volumes[0], 4), job_uid=UID)  # rank 0's untouched
     assert layout.is_committed(layout.step_dir(volumes[1], 4), job_uid=UID)  # re-installed
     assert_restored_state(saved, repaired)
+
+
+@pytest.mark.parametrize("paused_rank", [1, 0], ids=["rank1-before-its-copy", "rank0-last"])
+def test_a_kill_between_the_ranks_commits_of_a_first_step_never_blocks_the_restart(
+    tmp_path: pathlib.Path, s3_server: typing.Any, paused_rank: int
+) -> None:
+    """Node-local volumes commit every other rank's copy first and rank 0's
+    last. Killed at either rank's commit of the job's FIRST step, the next
+    attempt starts fresh and saves that step again (the kill trials' commit
+    phase found the old order, rank 0 first: a step committed on rank 0 only,
+    so no restore and no fresh start). A copy rank 1 committed before rank 0
+    died is moved aside at the re-save (`.cairn/superseded`), never deleted."""
+    from cairn.checkpoint import faults
+
+    bucket = s3_server.new_bucket(f"node-local-cut-{paused_rank}")
+    base: dict[str, typing.Any] = {
+        "dir": str(tmp_path / "pod-{rank}"),
+        "interval": 2,
+        "keep_last": 10,
+        "job_uid": UID,
+        "s3": ckpt_harness.s3_cfg(s3_server, bucket, prefix="jobs/cut"),
+    }
+    marks = tmp_path / "faults"
+    marks.mkdir()
+    killed = ckpt_harness.launch(
+        {**base, "steps": 4},
+        world=2,
+        tmp=tmp_path,
+        name="killed",
+        env={
+            faults.ENV_FAULT: f"commit:{paused_rank}:2",
+            faults.ENV_FAULT_DIR: str(marks),
+        },
+    )
+    ckpt_harness.wait_for_file(marks / f"commit-{paused_rank}-2", job=killed)
+    killed.kill()
+    volumes = [tmp_path / f"pod-{rank}" for rank in range(2)]
+    assert not layout.is_committed(layout.step_dir(volumes[0], 2), job_uid=UID)
+    stray = layout.is_committed(layout.step_dir(volumes[1], 2), job_uid=UID)
+    assert stray == (paused_rank == 0)  # rank 1 committed its copy before rank 0
+
+    again = ckpt_harness.launch(
+        {**base, "steps": 4, "resume": True, "attempt": 1}, world=2, tmp=tmp_path, name="again"
+    )
+    again.wait()
+    assert again.result(0)["restored"] is None  # a fresh start: step 2 was never committed
+    for volume in volumes:
+        assert layout.is_committed(layout.step_dir(volume, 2), job_uid=UID)
+        assert layout.is_committed(layout.step_dir(volume, 4), job_uid=UID)
+    aside = sorted(p.name for p in (volumes[1] / ".cairn").rglob("step-*") if p.is_dir())
+    assert aside == (["step-000000002"] if stray else [])

@@ -15,7 +15,7 @@ import typing
 import pytest
 
 from cairn.api import s3owner
-from cairn.checkpoint import errors, manager, options, remote
+from cairn.checkpoint import errors, manager, options, remote, s3transport
 
 pytestmark = [
     pytest.mark.s3,
@@ -48,7 +48,7 @@ def test_prefix_owned_by_another_job_is_a_configuration_error(s3_server: typing.
     opts = _opts(s3_server, bucket)
     _put_owner(s3_server, bucket, OTHER.to_json())
     with pytest.raises(errors.ConfigurationError, match=r"belongs to TrainingJob ml/other"):
-        remote.check_prefix_owner(remote.make_client(opts), opts, job_uid=ME)
+        remote.check_prefix_owner(s3transport.make_client(opts), opts, job_uid=ME)
 
 
 def test_unreadable_owner_object_is_a_configuration_error(s3_server: typing.Any) -> None:
@@ -56,13 +56,13 @@ def test_unreadable_owner_object_is_a_configuration_error(s3_server: typing.Any)
     opts = _opts(s3_server, bucket)
     _put_owner(s3_server, bucket, b"\x00not json")
     with pytest.raises(errors.ConfigurationError, match="cannot be read"):
-        remote.check_prefix_owner(remote.make_client(opts), opts, job_uid=ME)
+        remote.check_prefix_owner(s3transport.make_client(opts), opts, job_uid=ME)
 
 
 def test_own_or_absent_owner_object_lets_the_writer_start(s3_server: typing.Any) -> None:
     bucket = s3_server.new_bucket("owner-mine")
     opts = _opts(s3_server, bucket)
-    client = remote.make_client(opts)
+    client = s3transport.make_client(opts)
     remote.check_prefix_owner(client, opts, job_uid=ME)  # absent: the operator claims it
     mine = s3owner.Owner(uid=ME, namespace="ml", name="me")
     _put_owner(s3_server, bucket, mine.to_json())

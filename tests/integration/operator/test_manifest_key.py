@@ -26,7 +26,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import layout, options, remote
+from cairn.checkpoint import layout, options, remote, s3transport
 from tests.integration.devcluster import kube_helpers as kh
 from tests.integration.operator.conftest import WAIT, Kube, job_body
 
@@ -68,7 +68,7 @@ def _put_step(
     )
     if ring is not None:
         record = manifest_mod.sign(record, ring)
-    s3 = remote.make_client(opts)
+    s3 = s3transport.make_client(opts)
     remote.upload_files(s3, opts, folder=folder, manifest=record, entries=entries)
     remote.put_manifest(s3, opts, record)
 
@@ -90,7 +90,7 @@ def test_manifest_key_secret_mounts_and_signed_verification(
         access_key=creds.access_key,
         secret_key=creds.secret_key,
     )
-    s3: Any = remote.make_client(opts)
+    s3: Any = s3transport.make_client(opts)
     s3.create_bucket(Bucket=bucket)
     kube.core.create_namespaced_secret(
         kube.namespace,

@@ -37,7 +37,7 @@ from kubernetes import client
 
 from cairn.api import trainingjob
 from cairn.checkpoint import options
-from cairn.operator import s3loop, s3observe, s3pass
+from cairn.operator import kubeapi, s3loop, s3observe, s3pass
 from cairn.operator.core import jobobserve
 from tests.conftest import DevclusterHandle, OperatorProcess
 from tests.integration.devcluster import kube_helpers as kh
@@ -65,8 +65,8 @@ class Store:
 
     def __init__(self, devcluster: DevclusterHandle, namespace: str, tmp: pathlib.Path) -> None:
         self.devcluster, self.namespace, self.tmp = devcluster, namespace, tmp
-        self.api = devcluster.api_client
-        self.custom = client.CustomObjectsApi(self.api)
+        self.api = kubeapi.KubeApi.of(devcluster.api_client)
+        self.custom = client.CustomObjectsApi(devcluster.api_client)
         creds = devcluster.s3_credentials
         self.bucket = f"costs-{uuid.uuid4().hex[:10]}"
         self.opts = options.S3Options(

@@ -26,7 +26,7 @@ import pytest
 
 from cairn.api import checkpointspec
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import layout, options, remote
+from cairn.checkpoint import layout, options, remote, s3transport
 from cairn.devcluster import standalone_s3
 from cairn.operator import s3apply, s3observe
 from cairn.operator.core import s3plan
@@ -51,7 +51,7 @@ class Store:
             secret_key=server.secret_key,
             part_size=5 * MiB,
         )
-        self.writer = remote.make_client(self.opts)
+        self.writer = s3transport.make_client(self.opts)
         upload = checkpointspec.UploadSpec(uri=self.uri, endpoint=server.endpoint_url)
         self.s3: S3Client = s3observe.make_client(
             upload, access_key=server.access_key, secret_key=server.secret_key

@@ -34,7 +34,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import layout, options, remote
+from cairn.checkpoint import layout, options, remote, s3transport
 from tests.conftest import DevclusterHandle, OperatorProcess
 from tests.integration.devcluster import kube_helpers as kh
 
@@ -54,7 +54,7 @@ def write_step(
 ) -> dict[str, bytes]:
     """One step as the writer uploads it for the job `job_uid` (a job whose pods never
     started has no manifest key: its manifests are judged by job UID, docs/security.md)."""
-    s3 = remote.make_client(opts)
+    s3 = s3transport.make_client(opts)
     folder = tmp / manifest_mod.step_dir_name(step)
     folder.mkdir(parents=True)
     data = {name: os.urandom(size) for name, size in FILES.items()}
@@ -114,7 +114,7 @@ def test_verify_retain_and_delete(
         access_key=creds.access_key,
         secret_key=creds.secret_key,
     )
-    s3: Any = remote.make_client(opts)
+    s3: Any = s3transport.make_client(opts)
     s3.create_bucket(Bucket=bucket)
     try:
         _run(

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 from cairn.api import exitcodes
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, foreign, layout, load, remote
+from cairn.checkpoint import errors, foreign, layout, load, remote, s3transport
 from cairn.checkpoint import verdict as verdict_mod
 from cairn.trainer import termination
 
@@ -106,13 +106,13 @@ def client_error(status: int, code: str) -> botocore.exceptions.ClientError:
     ],
 )
 def test_which_failures_are_transient(exc: BaseException, transient: bool) -> None:
-    assert remote.is_transient(exc) is transient
+    assert s3transport.is_transient(exc) is transient
 
 
 def test_a_wrapped_transient_failure_is_transient() -> None:
     outer = errors.RemoteError("download failed")
     outer.__cause__ = client_error(502, "BadGateway")
-    assert remote.is_transient(outer)
+    assert s3transport.is_transient(outer)
 
 
 class Flaky:
@@ -133,8 +133,8 @@ class Flaky:
 def test_transient_failures_are_retried_in_bounded_rounds() -> None:
     slept: list[float] = []
     fetch = Flaky(2, client_error(503, "SlowDown"))
-    backoff = remote.Backoff(rounds=3, first_seconds=1.0, max_seconds=8.0)
-    assert remote.retrying(fetch, what="t", backoff=backoff, sleep=slept.append) == "done"
+    backoff = s3transport.Backoff(rounds=3, first_seconds=1.0, max_seconds=8.0)
+    assert s3transport.retrying(fetch, what="t", backoff=backoff, sleep=slept.append) == "done"
     assert fetch.calls == 3
     assert slept == [1.0, 2.0]
 
@@ -142,9 +142,9 @@ def test_transient_failures_are_retried_in_bounded_rounds() -> None:
 def test_a_lasting_transient_failure_becomes_transport_error() -> None:
     slept: list[float] = []
     fetch = Flaky(10, botocore.exceptions.ConnectionClosedError(endpoint_url="http://x"))
-    backoff = remote.Backoff(rounds=3, first_seconds=1.0, max_seconds=1.5)
+    backoff = s3transport.Backoff(rounds=3, first_seconds=1.0, max_seconds=1.5)
     with pytest.raises(errors.TransportError, match="after 3 rounds"):
-        remote.retrying(fetch, what="restoring step 4", backoff=backoff, sleep=slept.append)
+        s3transport.retrying(fetch, what="restoring step 4", backoff=backoff, sleep=slept.append)
     assert fetch.calls == 3
     assert slept == [1.0, 1.5]
 
@@ -152,7 +152,7 @@ def test_a_lasting_transient_failure_becomes_transport_error() -> None:
 def test_other_failures_pass_through_at_once() -> None:
     fetch = Flaky(1, client_error(403, "AccessDenied"))
     with pytest.raises(botocore.exceptions.ClientError):
-        remote.retrying(fetch, what="t", sleep=lambda _: None)
+        s3transport.retrying(fetch, what="t", sleep=lambda _: None)
     assert fetch.calls == 1
 
 

@@ -7,14 +7,18 @@ job is known as finished; ``forget`` drops a deleted job everywhere.
 """
 
 import asyncio
+import typing
 
-from cairn.operator import runtime
+from cairn.operator import kubeapi, runtime
 
 from . import jobs
 
 
 def _two() -> tuple[runtime.Runtime, runtime.Runtime]:
-    return runtime.Runtime(api=object()), runtime.Runtime(api=object())
+    # No call reaches the API server in these tests: the api is never used.
+    a = typing.cast(kubeapi.KubeApi, object())
+    b = typing.cast(kubeapi.KubeApi, object())
+    return runtime.Runtime(api=a), runtime.Runtime(api=b)
 
 
 def test_two_runtimes_share_no_state() -> None:

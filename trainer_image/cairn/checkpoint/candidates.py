@@ -26,7 +26,7 @@ import pydantic
 
 from cairn.api import checkpointspec
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, foreign, layout, remote
+from cairn.checkpoint import errors, foreign, layout, remote, s3transport
 from cairn.checkpoint import fetch as fetch_mod
 from cairn.checkpoint import verdict as verdict_mod
 
@@ -59,7 +59,7 @@ def _steps(ctx: fetch_mod.Context, step: int | None) -> list[verdict_mod.Copy]:
     remote_steps: set[int] = set()
     if ctx.s3_client is not None and opts.s3 is not None:
         client, s3opts = ctx.s3_client, opts.s3
-        listed = remote.retrying(
+        listed = s3transport.retrying(
             lambda: remote.committed_steps(client, s3opts), what="listing remote steps"
         )
         remote_steps = set(listed)
@@ -128,7 +128,7 @@ def _uri(ctx: fetch_mod.Context, uri: str) -> verdict_mod.Copy:
     """What is at resume.uri: a Cairn step folder or a plain DCP checkpoint."""
     client, s3opts = fetch_mod.s3(ctx)
     bucket, prefix = checkpointspec.split_s3_uri(uri)
-    raw = remote.retrying(
+    raw = s3transport.retrying(
         lambda: remote.get_bytes_or_none(
             client, bucket, f"{prefix}/{manifest_mod.MANIFEST_NAME}", within=s3opts.stall_seconds
         ),
@@ -142,7 +142,7 @@ def _uri(ctx: fetch_mod.Context, uri: str) -> verdict_mod.Copy:
         return verdict_mod.Copy(
             step=found.step, source="s3", own=False, bucket=bucket, folder_prefix=prefix
         )
-    sizes = remote.retrying(
+    sizes = s3transport.retrying(
         lambda: remote.list_sizes(client, bucket, prefix, within=s3opts.stall_seconds),
         what=f"listing {uri}",
     )
@@ -152,7 +152,7 @@ def _uri(ctx: fetch_mod.Context, uri: str) -> verdict_mod.Copy:
             f" ({len(sizes)} objects under it): not a checkpoint"
         )
     folder = fetch_mod.import_dir(ctx)
-    remote.retrying(
+    s3transport.retrying(
         lambda: remote.download_files(
             client, s3opts, bucket=bucket, prefix=prefix, folder=folder, names=[".metadata"]
         ),

@@ -2,7 +2,7 @@
 
 `fetch()` looks at a local step folder, or downloads this rank's share of an
 S3 copy into an attempt-scoped temporary folder (bounded retries of
-transient S3 errors, `cairn.checkpoint.remote.retrying`), and verifies it:
+transient S3 errors, `cairn.checkpoint.s3transport.retrying`), and verifies it:
 sizes and CRC32C against a Cairn manifest, or the sizes DCP's `.metadata`
 needs for a plain DCP checkpoint. It never raises for what it finds; the
 finding is a `verdict.Report` that every rank then agrees on
@@ -32,7 +32,18 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import metadata as dcp_metadata
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import aside, errors, events, foreign, layout, load, options, remote, state
+from cairn.checkpoint import (
+    aside,
+    errors,
+    events,
+    foreign,
+    layout,
+    load,
+    options,
+    remote,
+    s3transport,
+    state,
+)
 from cairn.checkpoint import coordinator as coordinator_mod
 from cairn.checkpoint import verdict as verdict_mod
 
@@ -271,7 +282,7 @@ def _fetch_remote(ctx: Context, copy: verdict_mod.Copy) -> Fetched:
 
     wanted: list[manifest_mod.FileEntry] = []
     not_own: list[str] = []
-    manifest = remote.retrying(manifest_then_share, what=f"restoring {copy.label}")
+    manifest = s3transport.retrying(manifest_then_share, what=f"restoring {copy.label}")
     if manifest is None:
         why = "; ".join(not_own) or "not this job's own"
         return Fetched(report=_report(ctx, "foreign", why), folder=folder, downloaded=True)
@@ -331,7 +342,7 @@ def _fetch_remote_plain(ctx: Context, copy: verdict_mod.Copy) -> Fetched:
     folder = import_dir(ctx)
 
     def download(names: list[str]) -> None:
-        remote.retrying(
+        s3transport.retrying(
             lambda: remote.download_files(
                 client, s3opts, bucket=bucket, prefix=prefix, folder=folder, names=names
             ),

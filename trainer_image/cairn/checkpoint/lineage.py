@@ -41,7 +41,7 @@ import typing
 import botocore.exceptions
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import aside, errors, events, faults, layout, options, remote
+from cairn.checkpoint import aside, errors, events, faults, layout, options, remote, s3transport
 from cairn.checkpoint import coordinator as coordinator_mod
 
 if typing.TYPE_CHECKING:
@@ -144,7 +144,7 @@ def own_remote_steps(
     found: dict[int, manifest_mod.Manifest] = {}
     for step in remote.committed_steps(client, s3opts):
         key = f"{remote.step_prefix(s3opts, step)}/{manifest_mod.MANIFEST_NAME}"
-        body = remote.retrying(
+        body = s3transport.retrying(
             functools.partial(
                 remote.get_bytes_or_none, client, s3opts.bucket, key, within=s3opts.stall_seconds
             ),
@@ -256,7 +256,7 @@ def remote_record_key(s3opts: options.S3Options) -> str:
 def read_remote_record(client: S3Client, s3opts: options.S3Options) -> dict[str, typing.Any] | None:
     """The branch record in S3 (None when absent); RemoteError when S3 fails."""
     key = remote_record_key(s3opts)
-    body = remote.retrying(
+    body = s3transport.retrying(
         functools.partial(
             remote.get_bytes_or_none, client, s3opts.bucket, key, within=s3opts.stall_seconds
         ),

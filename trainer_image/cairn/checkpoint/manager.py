@@ -54,7 +54,7 @@ from cairn.checkpoint import (
     load,
     options,
     pipeline,
-    remote,
+    s3transport,
     schedule,
     state,
     status_feed,
@@ -96,7 +96,7 @@ class CheckpointManager:
         self._callbacks = (*tuple(callbacks), *feed, self._on_event)
         self._pg = wiring.checkpoint_group(opts)
         if s3_client is None and opts.s3 is not None:
-            s3_client = remote.make_client(opts.s3)
+            s3_client = s3transport.make_client(opts.s3)
         self._s3 = s3_client if opts.s3 is not None else None
         self._inflight: inflight.InFlightSave | None = None
         self._abandoned: inflight.InFlightSave | None = None

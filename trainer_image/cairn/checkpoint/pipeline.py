@@ -216,7 +216,15 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
 def _commit(
     ctx: StepContext, *, tmp: pathlib.Path, folder: pathlib.Path, write_seconds: float
 ) -> manifest_mod.Manifest:
-    """Rank 0 builds the manifest and commits; node-local ranks commit their own copy."""
+    """Rank 0 builds the manifest and commits; node-local ranks commit their own copy.
+
+    Node-local volumes: every other rank commits its copy FIRST and rank 0
+    last, once all reported their commit, so a step rank 0 holds as committed
+    (the one listing restore and uploads plan from) is committed on every
+    volume. The other order left, after a kill between the two renames, a
+    step committed on rank 0 whose other copies never were (found by the
+    kill trials' commit phase at a job's first step: no fresh start, no
+    restore)."""
     coord = ctx.coordinator
     key = f"step-{ctx.step}"
     timeout = ctx.opts.timeout_seconds
@@ -226,14 +234,7 @@ def _commit(
             raise errors.CheckpointError(f"commit of step {ctx.step} failed: {result['error']}")
         manifest = manifest_mod.Manifest.model_validate(result["manifest"])
         if not ctx.shared:
-            # This rank's volume gets the same committed step (its own files,
-            # rank 0's `.metadata`, the manifest listing every rank's),
-            # fenced by its own file. With `.metadata` here a restore knows
-            # which files this rank reads without another node (`load`).
-            _write_metadata(tmp, result.get("metadata"))
-            _fence_local(ctx.opts)
-            faults.pause_point("commit", rank=coord.rank, step=ctx.step)
-            _commit_here(ctx, tmp=tmp, folder=folder, manifest=manifest)
+            _commit_copy(ctx, tmp=tmp, folder=folder, manifest=manifest, doc=result)
         return manifest
     try:
         reports = coord.gather(f"{key}/written", timeout=timeout)
@@ -242,16 +243,47 @@ def _commit(
         # Fencing: a newer attempt (or a re-created job) has started → this
         # zombie writer must not commit. The rename refuses to replace too.
         _fence(ctx)
-        faults.pause_point("commit", rank=0, step=ctx.step)
-        _commit_here(ctx, tmp=tmp, folder=folder, manifest=manifest)
         doc: dict[str, typing.Any] = {"manifest": manifest.model_dump(mode="json")}
         if not ctx.shared:
-            doc["metadata"] = base64.b64encode((folder / load.METADATA).read_bytes()).decode()
+            doc["metadata"] = base64.b64encode((tmp / load.METADATA).read_bytes()).decode()
+            coord.propose(f"{key}/committed", doc)  # the others commit their copies
+            coord.publish(f"{key}/copy", {"ok": True})
+            _check_reports(
+                coord.gather(f"{key}/copy", timeout=timeout), f"commit of step {ctx.step}"
+            )
+        faults.pause_point("commit", rank=0, step=ctx.step)
+        _commit_here(ctx, tmp=tmp, folder=folder, manifest=manifest)
     except BaseException as exc:
         coord.propose(f"{key}/committed", {"error": repr(exc)})
         raise
     coord.propose(f"{key}/committed", doc)
     return manifest
+
+
+def _commit_copy(
+    ctx: StepContext,
+    *,
+    tmp: pathlib.Path,
+    folder: pathlib.Path,
+    manifest: manifest_mod.Manifest,
+    doc: dict[str, typing.Any],
+) -> None:
+    """Node-local, a rank other than 0: commit this volume's copy of the step
+    (its own files, rank 0's `.metadata`, the manifest listing every rank's),
+    fenced by its own file, and report it to rank 0 (which commits last).
+    With `.metadata` here a restore knows which files this rank reads without
+    another node (`load`)."""
+    coord = ctx.coordinator
+    key = f"step-{ctx.step}"
+    try:
+        _write_metadata(tmp, doc.get("metadata"))
+        _fence_local(ctx.opts)
+        faults.pause_point("commit", rank=coord.rank, step=ctx.step)
+        _commit_here(ctx, tmp=tmp, folder=folder, manifest=manifest)
+    except BaseException as exc:
+        coord.publish(f"{key}/copy", {"error": repr(exc)})
+        raise
+    coord.publish(f"{key}/copy", {"ok": True})
 
 
 def _write_metadata(tmp: pathlib.Path, encoded: str | None) -> None:
@@ -321,6 +353,17 @@ def _commit_here(
         if kind == "partial_own":
             # A deletion of ours interrupted after the manifest went.
             layout.delete_step(folder)
+        elif kind == "committed" and _stray_copy(ctx, folder):
+            # Node-local, a rank other than 0: an earlier attempt committed this
+            # copy but rank 0 never committed the step (killed in between), so
+            # no restore could use it. Kept, out of the way.
+            aside.move_aside_local(
+                ctx.opts.directory,
+                folder,
+                kind="superseded",
+                tag=f"a{layout.read_manifest(folder).attempt}",
+                reason=f"copy of step {ctx.step} that rank 0 never committed",
+            )
         elif kind == "committed":
             raise errors.FencedError(
                 f"step {ctx.step} is already committed in {folder}; not committed again"
@@ -334,6 +377,19 @@ def _commit_here(
                 reason=f"{kind} folder in the way of job {ctx.opts.job_uid} step {ctx.step}",
             )
     layout.commit_folder(tmp, folder, manifest)
+
+
+def _stray_copy(ctx: StepContext, folder: pathlib.Path) -> bool:
+    """Whether a committed folder in the way is this job's copy of an earlier
+    attempt on a node-local rank other than 0 (rank 0 commits last: a step it
+    lacks was never committed). A zombie of a newer attempt is never stray."""
+    if ctx.shared or ctx.coordinator.rank == 0:
+        return False
+    try:
+        found = layout.read_manifest(folder)
+    except errors.CheckpointError:
+        return False
+    return found.job_uid == ctx.opts.job_uid and found.attempt < ctx.opts.attempt
 
 
 def _owner_tag(folder: pathlib.Path, kind: layout.Kind) -> str:

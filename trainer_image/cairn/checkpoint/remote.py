@@ -1,48 +1,37 @@
-"""The S3 tier: per-rank parallel upload, conditional manifest, verified download.
+"""The S3 tier's object operations: per-rank parallel upload, conditional
+manifest, listing, verified download, the prefix-owner check.
 
 Each rank uploads the files it wrote with s3transfer (multipart, parts in
 parallel, files in parallel, native CRC32C checksums that the server checks
-per part). Botocore's standard retry mode retries 5xx, SlowDown and
-connection resets a bounded number of times; a socket read timeout bounds a
-silent request and `transfer_timeout` bounds a whole transfer. A hung store
-(a server that accepts connections and moves no bytes) is caught in seconds:
-every transfer has a progress watchdog (`_Watchdog`: no byte moved for
-`stall_seconds` → the transfer is cancelled, its worker threads left to end
-on their own, and the failure names the endpoint), and small requests (the
-manifest, the owner object, each page of a listing) run under the same bound
-(`_bounded`). The manifest
-is written with `If-None-Match: *` so a remote commit never overwrites an
-existing one; stores that reject conditional writes fall back to
-check-then-put. Remote commit = the manifest object exists.
+per part); `transfer_timeout` bounds a whole transfer, and the transport
+underneath (`cairn.checkpoint.s3transport`: the client, the progress
+watchdog, bounded small requests, `is_transient`/`retrying`) catches a hung
+store in seconds and names the endpoint. The manifest is written with
+`If-None-Match: *` so a remote commit never overwrites an existing one;
+stores that reject conditional writes fall back to check-then-put. Remote
+commit = the manifest object exists.
 
-The read side (restore, import) keeps transport apart from verification:
-`is_transient` says which failures are the network's, `retrying` bounds
-them, and a missing object or a refusal is reported as such, never as a
-verdict on the data.
+The read side (restore, import) reports a missing object or a refusal as
+such, never as a verdict on the data; transient failures propagate for
+`s3transport.retrying` to bound.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import dataclasses
 import logging
 import pathlib
-import threading
 import time
 import typing
 
-import boto3
 import boto3.s3.transfer
-import botocore.config
 import botocore.exceptions
-import s3transfer.exceptions
-import s3transfer.subscribers
 from awscrt import checksums
 
 from cairn.api import manifest as manifest_mod
 from cairn.api import s3owner
-from cairn.checkpoint import errors, layout, options
+from cairn.checkpoint import errors, layout, options, s3transport
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -51,115 +40,9 @@ if typing.TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def make_client(opts: options.S3Options) -> S3Client:
-    """An S3 client with bounded retries and timeouts."""
-    config = botocore.config.Config(
-        region_name=opts.region,
-        connect_timeout=opts.connect_timeout,
-        read_timeout=opts.read_timeout,
-        retries={"max_attempts": opts.max_attempts, "mode": "standard"},
-        max_pool_connections=max(10, opts.concurrency * 2),
-        # Checksums only where an operation needs one; we ask for CRC32C
-        # explicitly on uploads (and some S3-compatible stores reject the
-        # unsigned trailing checksums the default turns on).
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_required",
-        s3={"addressing_style": "path"},
-    )
-    session = boto3.session.Session(
-        aws_access_key_id=opts.access_key, aws_secret_access_key=opts.secret_key
-    )
-    client: S3Client = session.client("s3", endpoint_url=opts.endpoint_url, config=config)
-    return client
-
-
 def step_prefix(opts: options.S3Options, step: int) -> str:
     name = manifest_mod.step_dir_name(step)
     return f"{opts.prefix}/{name}" if opts.prefix else name
-
-
-def _transfer_config(opts: options.S3Options) -> boto3.s3.transfer.TransferConfig:
-    return boto3.s3.transfer.TransferConfig(
-        multipart_threshold=opts.part_size,
-        multipart_chunksize=opts.part_size,
-        max_concurrency=opts.concurrency,
-        use_threads=True,
-        # The classic s3transfer client honours botocore retries and event
-        # hooks; the CRT client would bypass both.
-        preferred_transfer_client="classic",
-    )
-
-
-def _abort(manager: typing.Any, futures: list[typing.Any]) -> None:
-    # Cancel each transfer; the workers end on their own (a request blocked
-    # on a hung socket within read_timeout x max_attempts) in a daemon
-    # thread, so a hung store never holds the caller. (TransferManager.
-    # shutdown's own cancel argument is broken in s3transfer 0.19: it passes
-    # its arguments in the wrong order.)
-    for future in futures:
-        future.cancel()
-    threading.Thread(target=manager.shutdown, name="cairn-s3-abort", daemon=True).start()
-
-
-class StallError(TimeoutError):
-    """No byte moved for `stall_seconds`: the store hangs (transient)."""
-
-
-class _Watchdog(s3transfer.subscribers.BaseSubscriber):
-    """Notes when the transfers it subscribes to last moved bytes."""
-
-    def __init__(self) -> None:
-        self.last = time.monotonic()
-
-    def on_progress(self, future: typing.Any, bytes_transferred: int, **kwargs: typing.Any) -> None:
-        if bytes_transferred > 0:  # a retry rewinds with a negative count
-            self.last = time.monotonic()
-
-    def on_done(self, future: typing.Any, **kwargs: typing.Any) -> None:
-        self.last = time.monotonic()  # the next file's clock starts now
-
-
-def stall_message(opts: options.S3Options) -> str:
-    """The reason a watchdog gives (status `uploadError`). Pure."""
-    return f"no progress for {opts.stall_seconds:.0f} s to {opts.endpoint_url or 'AWS S3'}"
-
-
-def _poll_result(
-    future: typing.Any, *, deadline: float, watchdog: _Watchdog, opts: options.S3Options
-) -> None:
-    while not future.done():
-        now = time.monotonic()
-        if now - watchdog.last > opts.stall_seconds:
-            raise StallError(stall_message(opts))
-        if now > deadline:
-            raise TimeoutError
-        time.sleep(0.05)
-    future.result()
-
-
-T = typing.TypeVar("T")
-
-
-def _bounded(call: typing.Callable[[], T], *, seconds: float, what: str) -> T:
-    """`call()` in a daemon thread; StallError when it has not returned in
-    `seconds` (a small request to a hung store; the thread ends on its own)."""
-    done: list[T] = []
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            done.append(call())
-        except BaseException as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=run, name="cairn-s3-request", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if failed:
-        raise failed[0]
-    if not done:
-        raise StallError(f"{what}: no answer for {seconds:.0f} s")
-    return done[0]
 
 
 def crc32c_base64(crc32c_hex: str) -> str:
@@ -186,8 +69,8 @@ def upload_files(
     deadline = time.monotonic() + opts.transfer_timeout
     prefix = data_prefix(step_prefix(opts, manifest.step), manifest)
     step = manifest.step
-    manager = boto3.s3.transfer.create_transfer_manager(client, _transfer_config(opts))
-    watchdog = _Watchdog()
+    manager = boto3.s3.transfer.create_transfer_manager(client, s3transport.transfer_config(opts))
+    watchdog = s3transport.Watchdog()
     sent = 0
     futures: list[typing.Any] = []
     try:
@@ -204,18 +87,18 @@ def upload_files(
                 )
             )
         for future in futures:
-            _poll_result(future, deadline=deadline, watchdog=watchdog, opts=opts)
-    except StallError as exc:
-        _abort(manager, futures)
+            s3transport.poll_result(future, deadline=deadline, watchdog=watchdog, opts=opts)
+    except s3transport.StallError as exc:
+        s3transport.abort(manager, futures)
         raise errors.RemoteError(f"upload of step {step}: {exc}") from exc
     except TimeoutError as exc:
-        _abort(manager, futures)
+        s3transport.abort(manager, futures)
         raise errors.RemoteError(
             f"upload of step {step} did not finish within {opts.transfer_timeout:.0f}s "
             f"(endpoint {opts.endpoint_url or 'AWS'})"
         ) from exc
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-        _abort(manager, futures)
+        s3transport.abort(manager, futures)
         raise errors.RemoteError(
             f"upload of step {step} to {opts.endpoint_url or 'AWS'} failed: {exc}"
         ) from exc
@@ -245,7 +128,7 @@ def put_manifest(
     key = f"{step_prefix(opts, manifest.step)}/{manifest_mod.MANIFEST_NAME}"
     crc = base64.b64encode(checksums.crc32c(body).to_bytes(4, "big")).decode()
     try:
-        _bounded(
+        s3transport.bounded(
             lambda: client.put_object(
                 Bucket=opts.bucket, Key=key, Body=body, IfNoneMatch="*", ChecksumCRC32C=crc
             ),
@@ -253,8 +136,10 @@ def put_manifest(
             what=f"manifest upload to {opts.endpoint_url or 'AWS S3'}",
         )
         return
-    except StallError as exc:
-        raise errors.RemoteError(f"manifest upload to {key} failed: {stall_message(opts)}") from exc
+    except s3transport.StallError as exc:
+        raise errors.RemoteError(
+            f"manifest upload to {key} failed: {s3transport.stall_message(opts)}"
+        ) from exc
     except botocore.exceptions.ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -322,7 +207,7 @@ def _listed(
         if within is None:
             page = next(pages, sentinel)
         else:
-            page = _bounded(
+            page = s3transport.bounded(
                 lambda: next(pages, sentinel), seconds=within, what=f"listing s3://{bucket}/{base}"
             )
         if page is sentinel:
@@ -347,109 +232,11 @@ def committed_steps(client: S3Client, opts: options.S3Options) -> list[int]:
     except (
         botocore.exceptions.BotoCoreError,
         botocore.exceptions.ClientError,
-        StallError,
+        s3transport.StallError,
     ) as exc:
-        kind = errors.TransportError if is_transient(exc) else errors.RemoteError
+        kind = errors.TransportError if s3transport.is_transient(exc) else errors.RemoteError
         raise kind(f"listing s3://{opts.bucket}/{base} failed: {exc}") from exc
     return sorted(steps)
-
-
-# -- the read side: restore and import ------------------------------------------
-#
-# Transport is not verification: a transient failure (5xx, throttling, a
-# reset, a timeout) is retried here, first by botocore per request, then in
-# bounded rounds around a whole fetch (`retrying`); when the rounds are spent
-# it is a `TransportError` and the restore fails. Only bytes that arrived and
-# do not match the manifest are evidence against a step.
-
-_TRANSIENT_CODES = frozenset(
-    {
-        "InternalError",
-        "ServiceUnavailable",
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "RequestLimitExceeded",
-        "PriorRequestNotComplete",
-    }
-)
-_TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
-    botocore.exceptions.ConnectionError,  # EndpointConnectionError, ConnectTimeoutError
-    botocore.exceptions.HTTPClientError,  # ConnectionClosedError, ReadTimeoutError, streaming
-    botocore.exceptions.IncompleteReadError,
-    s3transfer.exceptions.RetriesExceededError,  # a body read kept failing
-    TimeoutError,
-    ConnectionError,
-)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Pure: whether `exc` is a transport failure worth retrying.
-
-    5xx and throttling answers, connection errors, resets and timeouts are;
-    4xx answers (missing object, access denied) and anything else are not.
-    """
-    if isinstance(exc, botocore.exceptions.ClientError):
-        code = exc.response.get("Error", {}).get("Code", "")
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        return status >= 500 or code in _TRANSIENT_CODES
-    if isinstance(exc, _TRANSIENT_TYPES):
-        return True
-    cause = exc.__cause__
-    return cause is not None and cause is not exc and is_transient(cause)
-
-
-def _is_not_found(exc: botocore.exceptions.ClientError) -> bool:
-    code = exc.response.get("Error", {}).get("Code", "")
-    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-    return code in ("NoSuchKey", "404", "NotFound") or status == 404
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Backoff:
-    """Rounds of a whole fetch after botocore's own per-request retries."""
-
-    rounds: int = 3
-    first_seconds: float = 1.0
-    max_seconds: float = 8.0
-
-    def delay(self, round_: int) -> float:
-        """Pure: seconds to wait after failed round `round_` (0-based)."""
-        return float(min(self.max_seconds, self.first_seconds * 2**round_))
-
-
-RESTORE_BACKOFF = Backoff()
-"""Bound for restore and import reads: with botocore's standard mode
-(`S3Options.max_attempts` per request) a dead endpoint fails the restore
-after about 3 x (attempts x timeouts) + 3 s instead of falling back."""
-
-
-def retrying(
-    fetch: typing.Callable[[], T],
-    *,
-    what: str,
-    backoff: Backoff = RESTORE_BACKOFF,
-    sleep: typing.Callable[[float], None] = time.sleep,
-) -> T:
-    """Run `fetch`; retry transient failures in bounded rounds, then raise TransportError.
-
-    Non-transient errors pass through unchanged on the first occurrence.
-    """
-    for round_ in range(backoff.rounds):
-        try:
-            return fetch()
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            if round_ + 1 == backoff.rounds:
-                raise errors.TransportError(
-                    f"{what}: transport kept failing after {backoff.rounds} rounds: {exc}"
-                ) from exc
-            log.warning("%s: transient S3 failure, retrying: %s", what, exc)
-            sleep(backoff.delay(round_))
-    raise AssertionError("unreachable: Backoff.rounds >= 1")
 
 
 def get_bytes_or_none(
@@ -464,13 +251,13 @@ def get_bytes_or_none(
     try:
         if within is None:
             return _get_bytes(client, bucket, key)
-        return _bounded(
+        return s3transport.bounded(
             lambda: _get_bytes(client, bucket, key), seconds=within, what=f"reading {key}"
         )
     except botocore.exceptions.ClientError as exc:
-        if _is_not_found(exc):
+        if s3transport.is_not_found(exc):
             return None
-        if is_transient(exc):
+        if s3transport.is_transient(exc):
             raise
         raise errors.RemoteError(f"reading s3://{bucket}/{key} failed: {exc}") from exc
 
@@ -486,7 +273,7 @@ def list_sizes(
         for obj in _listed(client, bucket, base, within=within):
             found[obj["Key"][len(base) :]] = int(obj["Size"])
     except botocore.exceptions.ClientError as exc:
-        if is_transient(exc):
+        if s3transport.is_transient(exc):
             raise
         raise errors.RemoteError(f"listing s3://{bucket}/{base} failed: {exc}") from exc
     return found
@@ -523,8 +310,8 @@ def download_files(
     """
     targets = [(name, layout.safe_target(folder, name)) for name in names]
     deadline = time.monotonic() + opts.transfer_timeout
-    manager = boto3.s3.transfer.create_transfer_manager(client, _transfer_config(opts))
-    watchdog = _Watchdog()
+    manager = boto3.s3.transfer.create_transfer_manager(client, s3transport.transfer_config(opts))
+    watchdog = s3transport.Watchdog()
     futures: list[typing.Any] = []
     try:
         for name, target in targets:
@@ -533,24 +320,24 @@ def download_files(
                 manager.download(bucket, f"{prefix}/{name}", str(target), subscribers=[watchdog])
             )
         for future in futures:
-            _poll_result(future, deadline=deadline, watchdog=watchdog, opts=opts)
-    except StallError as exc:
-        _abort(manager, futures)
-        raise StallError(f"download from s3://{bucket}/{prefix}: {exc}") from exc
+            s3transport.poll_result(future, deadline=deadline, watchdog=watchdog, opts=opts)
+    except s3transport.StallError as exc:
+        s3transport.abort(manager, futures)
+        raise s3transport.StallError(f"download from s3://{bucket}/{prefix}: {exc}") from exc
     except TimeoutError as exc:
-        _abort(manager, futures)
+        s3transport.abort(manager, futures)
         raise TimeoutError(
             f"download from s3://{bucket}/{prefix} did not finish in {opts.transfer_timeout:.0f}s"
         ) from exc
     except botocore.exceptions.ClientError as exc:
-        _abort(manager, futures)
-        if _is_not_found(exc):
+        s3transport.abort(manager, futures)
+        if s3transport.is_not_found(exc):
             raise MissingObjectError(f"s3://{bucket}/{prefix}: a listed object is missing") from exc
-        if is_transient(exc):
+        if s3transport.is_transient(exc):
             raise
         raise errors.RemoteError(f"download from s3://{bucket}/{prefix} failed: {exc}") from exc
     except BaseException:
-        _abort(manager, futures)
+        s3transport.abort(manager, futures)
         raise
     manager.shutdown()
     return sum(target.stat().st_size for _, target in targets)
@@ -568,7 +355,7 @@ def check_prefix_owner(client: S3Client, opts: options.S3Options, *, job_uid: st
     base = f"{opts.prefix}/" if opts.prefix else ""
     key = f"{base}{s3owner.OWNER_KEY}"
     try:
-        body = retrying(
+        body = s3transport.retrying(
             lambda: get_bytes_or_none(client, opts.bucket, key, within=opts.stall_seconds),
             what=f"reading {key}",
         )
