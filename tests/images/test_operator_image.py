@@ -82,7 +82,7 @@ def test_contains_no_torch_and_no_devcluster(container: str) -> None:
     assert found["modules"] == ["cairn.operator"]
     assert "torch" not in found["dists"]
     assert not [d for d in found["dists"] if "devcluster" in d]
-    assert "cairn" in found["dists"]
+    assert "cairn-training" in found["dists"]
 
 
 def test_installed_versions_are_the_locked_ones(container: str) -> None:
