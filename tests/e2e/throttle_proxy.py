@@ -105,9 +105,17 @@ class ThrottleProxy:
             self._buckets = (_Bucket(), _Bucket())
             self._server = await asyncio.start_server(self._connect, self._bind, 0)
 
-        self._loop.run_until_complete(serve())
-        started.set()
-        self._loop.run_forever()
+        try:
+            self._loop.run_until_complete(serve())
+            started.set()
+            self._loop.run_forever()
+        finally:  # close the loop here, its thread: an unclosed loop warns at GC in a later test
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
 
     async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._buckets is not None
