@@ -8,7 +8,8 @@ controller on the same cluster, one after the other:
 
 - seconds from a job's creation to all of its pods existing (p50, p95, max)
   for each, and Cairn's divided by the Job controller's (the anchor: the
-  same machine, API server and moment);
+  same machine, API server and moment; KCM on its default client rate
+  limit, which binds: `bench/scale_anchor.py` is the fair anchor);
 - the operator's peak resident memory and CPU seconds (from /proc);
 - API requests per job by verb and resource: the delta of the API server's
   `apiserver_request_total` over each phase, divided by N (every client,

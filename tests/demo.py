@@ -33,7 +33,7 @@ from kubernetes.client.rest import ApiException
 
 from cairn.api import checkpointspec
 from cairn.api import manifest as manifest_mod
-from cairn.devcluster import build, cluster, errors, processes
+from cairn.devcluster import build, cluster, controlplane, errors, network, processes
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CRD_PATH = REPO / "crds" / "cairn.dev_trainingjobs.yaml"
@@ -160,6 +160,9 @@ def start_operator(target: cluster.Cluster) -> None:
     # As a production install would: the operator may call only the cluster's
     # own S3 (chart value s3.endpointAllowList), never its own identity.
     env["CAIRN_S3_ENDPOINT_ALLOWLIST"] = f"{target.s3_endpoint},{target.s3_pod_endpoint}"
+    # The devcluster's Service and pod ranges: refused as job endpoints unless listed.
+    pods = f"{network.GATEWAY}/{network.PREFIX_LENGTH}"
+    env["CAIRN_S3_CLUSTER_NETWORKS"] = f"{controlplane.SERVICE_CIDR},{pods}"
     argv = [sys.executable, "-m", "cairn.operator", "--all-namespaces"]
     processes.spawn(
         name=OPERATOR,

@@ -232,8 +232,9 @@ class PrefixClaimStatus(_StatusModel):
     )
     reason: str = pydantic.Field(
         max_length=128,
-        description="PrefixOwned, PrefixOwnedByAnotherJob, OperatorIdentityNotAllowed, "
-        "EndpointNotAllowed, OwnerUnreadable or ClaimFailed.",
+        description="PrefixOwned, PrefixOwnedByAnotherJob, PrefixNested, "
+        "OperatorIdentityNotAllowed, EndpointNotAllowed, EndpointAddressRefused, "
+        "OwnerUnreadable or ClaimFailed.",
     )
     message: str = pydantic.Field(default="", max_length=1024, description="Why, for humans.")
 

@@ -95,6 +95,10 @@ RAY_OBJECT_STORE_BYTES = "CAIRN_RAY_OBJECT_STORE_BYTES"
 RAY_VERSION = "CAIRN_RAY_VERSION"
 """The ``ray.__version__`` the job needs (``spec.ray.version``); unset: not checked."""
 RAY_MAX_INPLACE_RESTARTS = "CAIRN_RAY_MAX_INPLACE_RESTARTS"
+RAY_DASHBOARD = "CAIRN_RAY_DASHBOARD"
+"""``1`` when ``spec.ray.dashboard`` asks for the dashboard (on the head, bound
+to ``CAIRN_POD_IP``); unset: no dashboard."""
+RAY_DASHBOARD_PORT = 8265
 POD_IP = "CAIRN_POD_IP"
 """The pod's own address (``status.podIP``): the Ray node's ``--node-ip-address``."""
 RAY_PORT_DEFAULT = 6379
@@ -103,6 +107,18 @@ RAY_TEMP_DIR = "/tmp/ray"
 sockets stay under the 107-byte path limit, and never shared between pods)."""
 RAYNODE_MODULE = "cairn.trainer.raynode"
 """``python -m cairn.trainer.raynode -- <command>``: the operator prepends it."""
+RAY_TOKEN_FILE = "CAIRN_RAY_TOKEN_FILE"
+"""Path of the job's Ray auth token (the ``<job>-ray-token`` Secret, mounted at
+``RAY_TOKEN_DIR``): the launcher then runs every Ray process with
+``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH`` naming it."""
+RAY_TOKEN_DIR = "/var/run/cairn/ray-token"
+RAY_TOKEN_KEY = "token"
+"""The Secret's data key, and so the file name under ``RAY_TOKEN_DIR``."""
+RAY_AUTH_MODE = "RAY_AUTH_MODE"
+RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"
+RAY_AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
+"""Ray's own variables (Ray 2.60 token auth): the mode, an inline token (which
+Ray prefers to the path, so the launcher removes it) and the token file."""
 
 # --- the resume target ---------------------------------------------------------
 ResumeKind = Literal["latest", "none", "step", "uri"]

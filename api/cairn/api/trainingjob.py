@@ -367,6 +367,11 @@ class RaySpec(schema.SpecModel):
         description="In-place restarts (a new rank-actor group in the same pods) per attempt "
         "before the driver gives up and the operator restarts the pods.",
     )
+    dashboard: bool = pydantic.Field(
+        default=False,
+        description="Run the Ray dashboard on the head (port 8265), bound to the pod's IP "
+        "and behind the job's Ray token. Off by default.",
+    )
 
 
 RUN_DEFINING_FIELDS: tuple[str, ...] = (

@@ -39,6 +39,7 @@ from cairn.devcluster import (
     processes,
     s3,
 )
+from cairn.devcluster.agent import volumes as agent_volumes
 
 # Start order; `down` stops in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "s3", "agent")
@@ -385,6 +386,9 @@ def _down(cluster: Cluster, *, purge: bool = False) -> None:
     # The bridge, namespaces and /tmp sockets are host-wide: a `down` (or the
     # clean-slate step of `up`) for a state dir that never started them, e.g.
     # a mistyped or test state dir, must leave a running devcluster's alone.
+    # A killed agent leaves its pods' memory-backed emptyDirs (tmpfs) mounted.
+    if cluster.state.root.exists():
+        agent_volumes.release(cluster.state.root)
     if cluster.state.host_claim.exists():
         network.remove_all()
         for sock in s3.stray_sockets(cluster.s3_ports):

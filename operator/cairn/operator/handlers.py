@@ -7,8 +7,10 @@ daemon (kopf ``when=`` filter) that runs ``reconcile.reconcile_once``
 (observe -> ``core.jobplan.plan()`` -> ``jobapply.apply()``) and then sleeps
 until something kicks it (a change of the job, a change of one of its pods,
 its Kueue Workload) or until the plan's ``requeue_after`` (at most
-``tunables.Reconcile.resync_seconds``). One daemon per job means reconciles
-of a job never overlap. A job that finished loses its daemon (kopf stops it
+``tunables.Reconcile.resync_seconds``); after a failed reconcile (an API or
+transport error) it sleeps the job's own jittered backoff instead
+(``Runtime.retry_wait``, ``core.backoff``), kicks or not. One daemon per
+job means reconciles of a job never overlap. A job that finished loses its daemon (kopf stops it
 when the filter turns false); what is left to do for it is one reconcile
 from one shared task (``finishedjobs.FinishedJobs``) whenever the job or one
 of its pods changes. Pods are not watched by kopf: one reflector of the
@@ -69,8 +71,15 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         config.load_kube_config()
     configuration = client.Configuration.get_default_copy()
     configuration.connection_pool_maxsize = RECONCILE.api_threads
+    configuration.retries = runtime.client_retries()
     state = runtime.Runtime(
-        api=kubeapi.KubeApi.of(client.ApiClient(configuration)),
+        api=kubeapi.KubeApi.of(
+            kubeapi.BoundedApiClient(
+                configuration,
+                connect_seconds=RECONCILE.api_connect_timeout_seconds,
+                read_seconds=RECONCILE.api_read_timeout_seconds,
+            )
+        ),
         watch_namespaces=memo.get("watch_namespaces"),
     )
     memo["runtime"] = state
@@ -187,7 +196,10 @@ async def reconcile_loop(
         while not stopped:
             kick.clear()
             wait = await state.reconcile_guarded(key, body=body, written=written, truth=truth)
-            await runtime.sleep_until(kick, stopped, wait or RECONCILE.error_retry_seconds)
+            if wait is None:  # an API/transport error: the job's own backoff, not kicks
+                await runtime.sleep_until(asyncio.Event(), stopped, state.retry_wait(key))
+            else:
+                await runtime.sleep_until(kick, stopped, wait)
     finally:
         if state.kicks.get(key) is kick:
             state.kicks.pop(key, None)

@@ -20,7 +20,8 @@ decoded into the client's model classes (``_preload_content=False``).
 The job's manifest-key Secret is the one child whose content is drawn here:
 32 random bytes from ``secrets`` at create time (``_with_fresh_keyring``),
 never in the pure plan, so no key is ever part of a Plan, a log line or an
-event; a 409 keeps the existing Secret and so the job's key.
+event; a 409 keeps the existing Secret and so the job's key. A ray job's
+Ray token Secret is drawn the same way (``_with_fresh_secret``).
 """
 
 import base64
@@ -122,6 +123,19 @@ def _with_fresh_keyring(secret: k8stypes.Secret) -> k8stypes.Secret:
     return {**secret, "data": {podenv.MANIFEST_KEYRING_FILE: encoded}}
 
 
+RAY_TOKEN_BYTES = 32
+
+
+def _with_fresh_secret(secret: k8stypes.Secret) -> k8stypes.Secret:
+    """The Secret's content, drawn now: a ray job's Ray token (32 random bytes
+    as hex, as Ray's own generator makes them) or the manifest keyring."""
+    job = secret["metadata"]["labels"][names.LABEL_JOB]
+    if secret["metadata"]["name"] == names.ray_token_secret_name(job):
+        token = secrets.token_hex(RAY_TOKEN_BYTES).encode()
+        return {**secret, "data": {podenv.RAY_TOKEN_KEY: base64.b64encode(token).decode()}}
+    return _with_fresh_keyring(secret)
+
+
 def _create(api: kubeapi.KubeApi, child: k8stypes.Child) -> jobobserve.CreateError | None:
     """Create ``child``; None when it exists now and is ours."""
     namespace = child["metadata"]["namespace"]
@@ -138,9 +152,13 @@ def _create(api: kubeapi.KubeApi, child: k8stypes.Child) -> jobobserve.CreateErr
         "Role": (rbac.create_namespaced_role, rbac.read_namespaced_role),
         "RoleBinding": (rbac.create_namespaced_role_binding, rbac.read_namespaced_role_binding),
         "Secret": (core.create_namespaced_secret, core.read_namespaced_secret),
+        "NetworkPolicy": (
+            api.networking.create_namespaced_network_policy,
+            api.networking.read_namespaced_network_policy,
+        ),
     }
     create, read = calls[kind]
-    body = _with_fresh_keyring(child) if child["kind"] == "Secret" else child
+    body = _with_fresh_secret(child) if child["kind"] == "Secret" else child
     try:
         _unread(create(namespace, body, field_manager=names.FIELD_MANAGER, _preload_content=False))
         return None

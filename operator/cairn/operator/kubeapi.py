@@ -29,6 +29,24 @@ Body: TypeAlias = dict[str, Any]
 """A request body as JSON (the operator's builders produce these)."""
 
 
+class BoundedApiClient(client.ApiClient):  # type: ignore[misc]
+    """An ``ApiClient`` whose every call has a deadline: a call that names no
+    ``_request_timeout`` gets ``(connect, read)`` seconds. The client's own
+    default is none at all, so a frozen API server or a half-open connection
+    would hold the calling thread until the connection dies."""
+
+    def __init__(
+        self, configuration: client.Configuration, *, connect_seconds: float, read_seconds: float
+    ) -> None:
+        super().__init__(configuration)
+        self._default_timeout = (connect_seconds, read_seconds)
+
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = self._default_timeout
+        return super().call_api(*args, **kwargs)
+
+
 class RawResponse(Protocol):
     """An undecoded answer (urllib3's response): the JSON bytes, and the
     connection to hand back when the body is not needed."""
@@ -105,6 +123,28 @@ class RbacCalls(Protocol):
     def read_namespaced_role_binding(self, name: str, namespace: str) -> Model: ...
 
 
+class AdmissionCalls(Protocol):
+    """The admissionregistration.k8s.io/v1 reads: the status policy and its binding
+    (``policycheck``), each with a per-request deadline."""
+
+    def read_validating_admission_policy(self, name: str, *, _request_timeout: float) -> Model: ...
+
+    def read_validating_admission_policy_binding(
+        self, name: str, *, _request_timeout: float
+    ) -> Model: ...
+
+
+class NetworkingCalls(Protocol):
+    """The networking.k8s.io/v1 calls: the job's NetworkPolicy (``jobapply``;
+    the API server's garbage collector deletes it with the job)."""
+
+    def create_namespaced_network_policy(
+        self, namespace: str, body: Body, *, field_manager: str, _preload_content: Literal[False]
+    ) -> RawResponse: ...
+
+    def read_namespaced_network_policy(self, name: str, namespace: str) -> Model: ...
+
+
 class CustomObjectCalls(Protocol):
     """Custom objects: TrainingJobs (status, TTL delete) and Kueue's Workloads,
     ResourceFlavors and WorkloadPriorityClasses."""
@@ -174,6 +214,8 @@ class KubeApi:
     core: CoreCalls
     rbac: RbacCalls
     custom: CustomObjectCalls
+    admission: AdmissionCalls
+    networking: NetworkingCalls
 
     @classmethod
     def of(cls, api_client: client.ApiClient) -> "KubeApi":
@@ -182,4 +224,6 @@ class KubeApi:
             core=client.CoreV1Api(api_client),
             rbac=client.RbacAuthorizationV1Api(api_client),
             custom=client.CustomObjectsApi(api_client),
+            admission=client.AdmissionregistrationV1Api(api_client),
+            networking=client.NetworkingV1Api(api_client),
         )

@@ -27,7 +27,7 @@ false zero.
 | ``cairn_checkpoint_stall_seconds`` | histogram | ``namespace`` |
 | ``cairn_checkpoint_upload_seconds`` | histogram | ``namespace`` |
 | ``cairn_reconcile_duration_seconds`` | histogram | |
-| ``cairn_reconcile_errors_total`` | counter | ``kind`` (``api``, ``exception``) |
+| ``cairn_reconcile_errors_total`` | counter | ``kind`` (``api``, ``transport``, ``exception``) |
 | ``cairn_leader`` | gauge | (1: this replica acts, 0: standby) |
 | ``cairn_build_info`` | gauge | ``version``, ``python`` (always 1) |
 | ``cairn_storage_pass_duration_seconds`` | histogram | |
@@ -80,11 +80,12 @@ STORAGE_ERRORS = prometheus_client.Counter(
 )
 RECONCILE_ERRORS = prometheus_client.Counter(
     "cairn_reconcile_errors",
-    "Reconciles that failed: kind=api (an API call was refused), exception (a bug).",
+    "Reconciles that failed: kind=api (an API call was refused), transport (no answer), "
+    "exception (a bug).",
     labelnames=["kind"],
 )
-for _kind in ("api", "exception"):
-    RECONCILE_ERRORS.labels(kind=_kind)  # both series exist from the start: rate() sees the first
+for _kind in ("api", "transport", "exception"):
+    RECONCILE_ERRORS.labels(kind=_kind)  # all series exist from the start: rate() sees the first
 _CHECKPOINT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 CHECKPOINT_WRITE_SECONDS = prometheus_client.Histogram(
     "cairn_checkpoint_write_seconds",

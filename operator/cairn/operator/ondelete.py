@@ -2,17 +2,22 @@
 
 IO (the API server, S3 through ``s3pass.cleanup``). ``handlers.on_delete``
 (kopf's deletion handler, before the finalizer goes) calls ``clean_up``;
-a failed attempt raises ``RetryLaterError`` with a doubling delay, which
-``handlers`` turns into ``kopf.TemporaryError`` (kopf keeps the retry count
-in the job's annotations, so an operator restart does not reset it). The
-``cleanup_attempts``-th failure posts a Warning ``CleanupFailed`` and
-returns, so a deletion never wedges on an unreachable store. ``Retain``
+a failed attempt sets the job's ``CleanupFailed`` condition (reason
+``CleanupRetrying``, naming the prefix and what failed) and raises
+``RetryLaterError`` with the delay ``core.cleanup`` drew (doubling, capped,
+jittered), which ``handlers`` turns into ``kopf.TemporaryError`` (kopf keeps
+the retry count in the job's annotations, so an operator restart does not
+reset it). The ``cleanup_attempts``-th failure sets ``CleanupFailed``
+(``CleanupAttemptsExhausted``), posts a Warning ``CleanupFailed`` Event and
+returns: the finalizer goes, the objects it could not delete stay, and a
+deletion (a namespace's too) never wedges on an unreachable store. ``Retain``
 touches nothing; a prefix the job does not own (``prefixapply``), or a
 store the operator's settings refuse, is left alone with ``CleanupSkipped``.
 """
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,7 +27,7 @@ from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import trainingjob
 from cairn.operator import jobapply, kubeapi, prefixapply, s3observe, s3pass
-from cairn.operator.core import jobobserve, k8stypes, podowner, tunables
+from cairn.operator.core import cleanup, conditions, jobobserve, k8stypes, podowner, tunables
 from cairn.operator.reconcile import clock, list_pods
 
 LOG = logging.getLogger(__name__)
@@ -80,6 +85,34 @@ async def _pods_gone(
         )
 
 
+def _show_condition(
+    api: kubeapi.KubeApi,
+    raw: dict[str, Any],
+    job: trainingjob.TrainingJob,
+    desired: conditions.Desired,
+) -> None:
+    """Set ``CleanupFailed`` on the job being deleted, the other conditions kept.
+    Best effort: a failed patch loses only the view (the Event still goes)."""
+    status = raw.get("status")
+    listed = cleanup.with_condition(
+        raw=status.get("conditions") if isinstance(status, dict) else None,
+        parsed=job.status.conditions,
+        desired=desired,
+        generation=job.metadata.generation,
+        now=clock(),
+    )
+    try:
+        jobapply.patch_status(api, jobapply.JobRef.of(raw), {"conditions": listed})
+    except k8s_exceptions.ApiException as error:
+        LOG.warning(
+            "%s on %s/%s not set: %s",
+            desired.type,
+            job.metadata.namespace,
+            job.metadata.name,
+            error.reason,
+        )
+
+
 async def clean_up(
     *,
     raw: dict[str, Any],
@@ -113,10 +146,17 @@ async def clean_up(
         )
     except s3observe.StoreError as failure:
         LOG.warning("cleanup of %s/%s, attempt %d: %s", *key, attempt, failure)
-        if attempt < settings.storage.cleanup_attempts:
+        verdict = cleanup.after_failure(
+            attempt=attempt,
+            uri=checkpoint.upload.uri,
+            failure=str(failure),
+            settings=settings.storage,
+            draw=random.random(),
+        )
+        await in_storage_thread(_show_condition, api, raw, job, verdict.condition)
+        if verdict.delay is not None:
             raise RetryLaterError(
-                f"S3 cleanup attempt {attempt} failed",
-                delay=settings.storage.cleanup_backoff_seconds * 2 ** (attempt - 1),
+                f"S3 cleanup attempt {attempt} failed", delay=verdict.delay
             ) from None
         notice = k8stypes.Event(
             type="Warning",

@@ -2,8 +2,10 @@
 
 Blocking (boto3, the Kubernetes client for the credentials Secret): call from
 a worker thread. ``open_prefix`` is the one entry point of the S3 pass and of
-``onDelete``: the access gate first (no client is built, no Secret read, no
-request sent when the settings refuse), then the claim. The owner object is
+``onDelete``: the gates first (no client is built, no Secret read, no
+request sent when one refuses): the settings, the endpoint's addresses
+(``egress``), a prefix nested with an older job's (``prefixindex``); then
+the claim. The owner object is
 created with ``If-None-Match: *`` (SeaweedFS, MinIO and AWS S3 answer 412 when
 it exists); a store that rejects conditional writes (501/400 on the header)
 gets check-then-put, which is racy only between two jobs created in the same
@@ -21,7 +23,7 @@ import typing
 import botocore.exceptions
 
 from cairn.api import s3owner, trainingjob
-from cairn.operator import kubeapi, s3observe
+from cairn.operator import egress, kubeapi, prefixindex, s3observe
 from cairn.operator.core import prefixplan
 
 if typing.TYPE_CHECKING:
@@ -122,14 +124,25 @@ def me(job: trainingjob.TrainingJob) -> s3owner.Owner:
 
 
 def open_prefix(
-    *, api: kubeapi.KubeApi, job: trainingjob.TrainingJob, config: prefixplan.Settings | None = None
+    *,
+    api: kubeapi.KubeApi,
+    job: trainingjob.TrainingJob,
+    config: prefixplan.Settings | None = None,
+    index: prefixindex.PrefixIndex | None = None,
 ) -> Access:
-    """The access gate, then the claim. Raises ``s3observe.StoreError`` on I/O failures."""
+    """The gates, then the claim. Raises ``s3observe.StoreError`` on I/O failures."""
     upload = job.spec.checkpoint.upload
     if upload is None:
         raise ValueError("open_prefix needs spec.checkpoint.upload")
     target = s3observe.Target.parse(upload.uri)
-    refused = prefixplan.access_refusal(upload, config or settings())
+    config = config or settings()
+    mine = prefixplan.PrefixUse.of(job, claim_reason=None)
+    others = (index or prefixindex.INDEX).sharing(mine) if mine is not None else ()
+    refused = (
+        prefixplan.access_refusal(upload, config)
+        or egress.refusal(upload, config, job=f"{job.metadata.namespace}/{job.metadata.name}")
+        or (prefixplan.nested_refusal(mine=mine, others=others) if mine is not None else None)
+    )
     if refused is not None:
         return Access(claim=refused, s3=None, target=target)
     s3 = s3observe.client_for(api, job.metadata.namespace, upload, job_uid=job.metadata.uid)

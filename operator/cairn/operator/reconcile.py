@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
-from cairn.operator import jobapply, kubeapi, kueueapply, podcache
-from cairn.operator.core import jobobserve, jobplan, kueueplan, names, tunables
+from cairn.operator import jobapply, kubeapi, kueueapply, podcache, policycheck
+from cairn.operator.core import jobobserve, jobplan, kueueplan, names, policygate, tunables
 
 LOG = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -192,6 +192,7 @@ async def reconcile_once(
     truth: PodTruth | None = None,
     reported: MutableMapping[Key, frozenset[str]] | None = None,
     settings: tunables.Reconcile = tunables.DEFAULT.reconcile,
+    policy: policycheck.StatusPolicyCheck = policycheck.SHARED,
 ) -> float:
     """One observe -> plan -> apply cycle; returns how long to sleep.
 
@@ -221,6 +222,12 @@ async def reconcile_once(
         reported_foreign=reported.get(key, frozenset()),
     )
     todo = jobplan.plan(job=job, observed=observed, now=clock())
+    if todo.creates and not isinstance(job, jobobserve.InvalidJob):
+        # No status Role, binding or pod without the status policy (cached check).
+        missing = await asyncio.to_thread(policy.missing, api)
+        todo = policygate.gate(
+            todo, missing=missing, job=job, reported_before=observed.reported_foreign, now=clock()
+        )
     if not todo.empty:
         await _apply(api=api, raw=raw, todo=todo, written=written, truth=truth, settings=settings)
     # After the apply (its events posted), or none was needed: never before.

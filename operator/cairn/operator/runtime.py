@@ -11,10 +11,12 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
+import urllib3
 from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import trainingjob
@@ -28,11 +30,24 @@ from cairn.operator import (
     s3observe,
     s3pass,
 )
-from cairn.operator.core import tunables
+from cairn.operator.core import backoff, tunables
 from cairn.operator.reconcile import Key
 
 LOG = logging.getLogger(__name__)
 _T = TypeVar("_T")
+TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError)
+"""What the Kubernetes client raises when it got no answer at all (refused or
+reset connections, read timeouts of a frozen API server)."""
+
+
+def client_retries() -> urllib3.Retry:
+    """urllib3's retries for the operator's API clients: its defaults (3 tries of a
+    refused connection or an idempotent request), but a 429/503 is not slept on
+    inside the call. urllib3 would sleep the Retry-After in the worker thread, up
+    to 3 times, exactly (every throttled job back at once) and with the threads
+    every job's reconcile shares parked; the job's own backoff (``core.backoff``)
+    honours it instead."""
+    return urllib3.Retry(total=3, respect_retry_after_header=False)
 
 
 class Stopped(Protocol):
@@ -74,6 +89,16 @@ class Runtime:
         self.kicks: dict[Key, asyncio.Event] = {}
         self.locks: dict[Key, asyncio.Lock] = {}
         """One per job: a finished job's reconcile waits for its stopping daemon's."""
+        self.failures: dict[Key, int] = {}
+        """Per job, reconciles failed in a row (API or transport errors)."""
+        self.retry_waits: dict[Key, float] = {}
+        """Per job, the backoff drawn at its last failed reconcile (``retry_wait``)."""
+        self.error_backoff = backoff.Policy(
+            base_seconds=settings.reconcile.error_retry_seconds,
+            cap_seconds=settings.reconcile.error_backoff_cap_seconds,
+            jitter=settings.reconcile.error_jitter,
+            retry_after_cap_seconds=settings.reconcile.retry_after_cap_seconds,
+        )
         self.foreign_reported: dict[Key, frozenset[str]] = {}
         """Per job, the foreign pods (``podowner``) already reported in a ForeignPod
         Event: each once per job and pod (again after an operator restart)."""
@@ -110,6 +135,8 @@ class Runtime:
         self.finished.forget(key)
         self.locks.pop(key, None)
         self.foreign_reported.pop(key, None)
+        self.failures.pop(key, None)
+        self.retry_waits.pop(key, None)
 
     async def pods_ready(self, stopped: Stopped | None = None) -> None:
         """Until the pod cache holds the first full list (or the daemon is stopped)."""
@@ -133,11 +160,12 @@ class Runtime:
         written: reconcile.Written,
         truth: reconcile.PodTruth,
     ) -> float | None:
-        """``reconcile_once`` under the job's lock; None after an API error (logged)."""
+        """``reconcile_once`` under the job's lock; None after an API or transport
+        error (logged; ``retry_wait`` says when to try again)."""
         started = time.monotonic()
         try:
             async with self.lock(key):
-                return await reconcile.reconcile_once(
+                wait = await reconcile.reconcile_once(
                     body=body,
                     pods=self.pods,
                     api=self.api,
@@ -146,15 +174,48 @@ class Runtime:
                     reported=self.foreign_reported,
                     settings=self.settings.reconcile,
                 )
+            self.failures.pop(key, None)
+            return wait
         except k8s_exceptions.ApiException as error:
             metrics.RECONCILE_ERRORS.labels(kind="api").inc()
-            LOG.warning("reconcile of %s/%s failed: %s", *key, error.reason)
+            headers = error.headers or {}
+            self._failed(
+                key, what=f"{error.status} {error.reason}", retry_after=headers.get("Retry-After")
+            )
+            return None
+        except TRANSPORT_ERRORS as error:
+            metrics.RECONCILE_ERRORS.labels(kind="transport").inc()
+            self._failed(key, what=type(error).__name__, retry_after=None)
             return None
         except Exception:
             metrics.RECONCILE_ERRORS.labels(kind="exception").inc()
             raise
         finally:
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+
+    def _failed(self, key: Key, *, what: str, retry_after: str | None) -> None:
+        """Count the job's failure and draw its own delay (``core.backoff``): every
+        job's daemon fails at once in an API server outage, and must not return at once."""
+        count = self.failures.get(key, 0) + 1
+        self.failures[key] = count
+        advice = backoff.parse_retry_after(retry_after, now=reconcile.clock())
+        wait = backoff.delay(
+            self.error_backoff, failures=count, draw=random.random(), retry_after=advice
+        )
+        self.retry_waits[key] = wait
+        asked = "" if advice is None else f", Retry-After {advice:.0f} s"
+        LOG.warning(
+            "reconcile of %s/%s failed (%s%s; %d in a row): again in %.2f s",
+            *key,
+            what,
+            asked,
+            count,
+            wait,
+        )
+
+    def retry_wait(self, key: Key) -> float:
+        """How long the job's daemon waits after its last failed reconcile."""
+        return self.retry_waits.get(key, self.settings.reconcile.error_retry_seconds)
 
     async def _reconcile_finished(self, key: Key, raw: dict[str, Any]) -> float | None:
         truth = reconcile.PodTruth(list_first=False)
@@ -169,15 +230,24 @@ class Runtime:
     ) -> s3pass.PassResult | None:
         """One S3 pass in the S3 threads, with its metrics; None if the status patch failed."""
         started = time.monotonic()
+        deadline = s3observe.Deadline.after(self.settings.storage.pass_deadline_seconds)
         try:
-            result = await self.in_storage_thread(
-                s3pass.storage_pass,
-                api=self.api,
-                raw=raw,
-                job=job,
-                caches=caches,
-                now=reconcile.clock,
+            work = asyncio.ensure_future(
+                self.in_storage_thread(
+                    s3pass.storage_pass,
+                    api=self.api,
+                    raw=raw,
+                    job=job,
+                    caches=caches,
+                    now=reconcile.clock,
+                    deadline=deadline,
+                )
             )
+            # A call stuck past the deadline: say so now; the thread ends on its own
+            # (every call is bounded) and keeps the job's place in s3fair meanwhile.
+            if not (await asyncio.wait({work}, timeout=deadline.seconds))[0]:
+                await asyncio.to_thread(s3pass.report_abandoned, api=self.api, raw=raw, at=deadline)
+            result = await work
         except k8s_exceptions.ApiException as error:
             LOG.warning("storage status of %s/%s not patched: %s", *key, error.reason)
             return None

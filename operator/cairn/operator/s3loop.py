@@ -4,7 +4,10 @@
 (``forget``) and runs ``run()`` as one asyncio task. It keeps, per job that
 ``s3plan.pass_wanted`` says needs passes, the latest body, the time of the
 next pass (a heap) and the job's ``s3observe.Caches``; passes run
-(``s3pass.storage_pass``) in the S3 threads, at most ``threads`` at once.
+(``s3pass.storage_pass``) in the S3 threads, at most ``threads`` at once,
+chosen by ``core.s3fair.take``: a store that is slow (or not yet seen to
+answer) gets one pass at a time and all such stores together a share of the
+threads, so one tenant's hung endpoint never delays the other jobs' passes.
 
 - a live job with ``upload``: ``initial_delay_seconds`` after it is first
   seen, then every ``interval_seconds``, and ``kick_delay_seconds`` after
@@ -33,8 +36,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from cairn.api import trainingjob
-from cairn.operator import s3observe
-from cairn.operator.core import jobobserve, s3plan, tunables
+from cairn.operator import prefixindex, s3observe
+from cairn.operator.core import jobobserve, s3fair, s3plan, tunables
 
 LOG = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -83,6 +86,12 @@ class _Entry:
     written: Written
     caches: s3observe.Caches = dataclasses.field(default_factory=s3observe.Caches)
 
+    @property
+    def endpoint(self) -> str:
+        """The store the job's passes go to ("" for the default one): the unit of fairness."""
+        upload = self.job.spec.checkpoint.upload
+        return (upload.endpoint or "") if upload is not None else ""
+
 
 Runner = Callable[[Key, dict[str, Any], trainingjob.TrainingJob, s3observe.Caches], Awaitable[Any]]
 """Runs one pass (in a worker thread) and returns ``s3pass.PassResult``."""
@@ -98,8 +107,11 @@ class S3Loop:
         settings: tunables.StorageLoop = tunables.DEFAULT.storage,
         written: Callable[[], Written] = _Unwritten,
         monotonic: Callable[[], float] = time.monotonic,
+        prefixes: prefixindex.PrefixIndex = prefixindex.INDEX,
     ) -> None:
         self._run_pass = run_pass
+        self._prefixes = prefixes
+        """Every job's prefix, finished and deleting ones too (``nested_refusal``)."""
         self._settings = settings
         self._written = written
         self._monotonic = monotonic
@@ -108,7 +120,11 @@ class S3Loop:
         self._heap: list[tuple[float, Key]] = []
         self._final_done: dict[Key, tuple[str, int]] = {}
         """(uid, generation) the last final pass of a job ran for."""
-        self._running: set[Key] = set()
+        self._running: dict[Key, s3fair.Running] = {}
+        self._ended: dict[str, float] = {}
+        """Per endpoint, how long its last finished pass took (``s3fair.health``)."""
+        self._held = False
+        """Whether the last ``due_now`` held a due pass back (fairness)."""
         self._wake = asyncio.Event()
         self.passes: collections.Counter[tuple[Key, s3plan.PassKind]] = collections.Counter()
         """Passes run so far, by job and kind (for tests and the bench)."""
@@ -127,12 +143,15 @@ class S3Loop:
     def update(self, key: Key, raw: dict[str, Any]) -> None:
         """A job event: (re)schedule, or drop the job from the schedule."""
         if not _has_upload(raw):  # most jobs: no model parse on each of their events
+            self._prefixes.forget(key)
             self._drop(key)
             return
         job = jobobserve.parse_job(raw)
         if isinstance(job, jobobserve.InvalidJob):
+            self._prefixes.forget(key)
             self._drop(key)
             return
+        self._prefixes.note(key, job, raw)
         kind = s3plan.pass_wanted(job, final_done=self._final_generation(key, job.metadata.uid))
         if kind is None:
             self._drop(key)
@@ -155,6 +174,7 @@ class S3Loop:
 
     def forget(self, key: Key) -> None:
         """The job is gone: no pass, no memory of it."""
+        self._prefixes.forget(key)
         self._drop(key)
         self._final_done.pop(key, None)
 
@@ -171,34 +191,55 @@ class S3Loop:
         self._wake.set()
 
     def due_now(self) -> list[Key]:
-        """Take the jobs whose pass is due, as many as free threads allow."""
+        """Take the jobs whose pass is due, as many as free threads and the
+        endpoints' fairness (``s3fair.take``) allow; the rest stay due."""
         now = self._monotonic()
-        taken: list[Key] = []
-        postponed: list[tuple[float, Key]] = []
-        free = self._settings.threads - len(self._running)
-        while self._heap and self._heap[0][0] <= now and len(taken) < free:
+        due: list[tuple[float, Key]] = []
+        while self._heap and self._heap[0][0] <= now:
             at, key = heapq.heappop(self._heap)
-            if self._due.get(key) != at:
-                continue  # superseded by an earlier schedule, or dropped
-            if key in self._running:
-                postponed.append((at, key))  # after the running pass ends
-                continue
-            del self._due[key]
-            taken.append(key)
-        for item in postponed:
-            heapq.heappush(self._heap, item)
+            if self._due.get(key) == at:  # else superseded by an earlier schedule, or dropped
+                due.append((at, key))
+        ready = [(key, self._jobs[key].endpoint) for _, key in due if key not in self._running]
+        taken = s3fair.take(
+            ready,
+            ended=self._ended,
+            running=list(self._running.values()),
+            now=now,
+            threads=self._settings.threads,
+            share=self._settings.slow_share,
+            slow_after=self._settings.slow_after_seconds,
+        )
+        chosen = set(taken)
+        for at, key in due:
+            if key in chosen:
+                del self._due[key]
+            else:
+                heapq.heappush(self._heap, (at, key))  # after a running pass ends
+        self._held = len(taken) < len(due)
         return taken
 
+    def _start(self, key: Key) -> None:
+        entry = self._jobs.get(key)
+        endpoint = entry.endpoint if entry is not None else ""
+        self._running[key] = s3fair.Running(endpoint=endpoint, started=self._monotonic())
+
     def _next_wake(self) -> float | None:
+        """Seconds to the next due pass; None: only a pass ending (or an update) helps."""
         if not self._heap or len(self._running) >= self._settings.threads:
             return None
-        return max(0.0, self._heap[0][0] - self._monotonic())
+        now = self._monotonic()
+        if not self._held:
+            return max(0.0, self._heap[0][0] - now)
+        # Held-back passes wait for a running pass to end (it sets the wake).
+        later = [at for at, _ in self._heap if at > now]
+        return min(later) - now if later else None
 
     async def run_due(self) -> list[Key]:
         """Run the passes due now and wait for them; the jobs passed (``run`` does
         the same without waiting; tests drive the schedule with this)."""
         taken = self.due_now()
-        self._running.update(taken)
+        for key in taken:
+            self._start(key)
         await asyncio.gather(*(self._one(key) for key in taken))
         return taken
 
@@ -207,7 +248,7 @@ class S3Loop:
         tasks: set[asyncio.Task[None]] = set()
         while True:
             for key in self.due_now():
-                self._running.add(key)
+                self._start(key)
                 task = asyncio.create_task(self._one(key))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -229,7 +270,9 @@ class S3Loop:
         except Exception:  # keep the loop alive; the next pass tries again
             LOG.exception("S3 pass of %s/%s failed", *key)
         finally:
-            self._running.discard(key)
+            running = self._running.pop(key, None)
+            if running is not None:
+                self._ended[running.endpoint] = self._monotonic() - running.started
             if entry is not None and kind is not None:
                 self._after(key, entry, kind=kind, generation=generation)
             self._wake.set()

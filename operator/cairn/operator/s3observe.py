@@ -1,4 +1,4 @@
-"""Observe step of the S3 pass: clients, credentials, list, head, read manifests.
+"""Observe step of the S3 pass: credentials, list, head, read and judge manifests.
 
 Blocking (boto3 and the Kubernetes client): call from a worker thread. Reads
 only: the decisions are in ``s3plan`` (pure), the deletions in ``s3apply``,
@@ -19,24 +19,30 @@ the job), so the plan can check manifest signatures; its keys go only into
 ``cairn.api.manifest.Keyring`` (whose repr hides them).
 
 Costs, per pass of one job: two Secret GETs, one LIST of the prefix. Clients
-are cached per (endpoint, region, key pair) (``ClientCache``: building one
-costs ~135 ms of CPU), so a rotated Secret gets a new client on the next
-pass and an unchanged one none. A manifest is read (GET) and a listed file
-headed only when its (key, ETag) is new to the job's ``Caches``: an
-unchanged prefix costs the LIST alone.
+are cached per (endpoint, region, key pair) (``s3clients.ClientCache``:
+building one costs ~135 ms of CPU), so a rotated Secret gets a new client on
+the next pass and an unchanged one none. A step is judged (its manifest
+read, the files it lists headed) only when its fingerprint (every object's
+path, size and ETag, and the job's identity) is new to the job's ``Caches``,
+which keep verdicts, never parsed manifests: an unchanged prefix costs the
+LIST alone.
+
+Bounds (issue 20; what a tenant's bucket holds is untrusted): a manifest is
+never read whole past ``tunables.S3.manifest_max_bytes`` (by its listed
+size, else a ``Range``), nor kept past ``manifest_max_entries`` files; a
+listing stops past ``list_max_keys``; a ``Deadline`` stops a pass before its
+next call.
 """
 
 from __future__ import annotations
 
 import base64
-import collections
 import dataclasses
 import hashlib
-import threading
+import time
 import typing
 from typing import Any, Generic, TypeVar
 
-import boto3
 import botocore.config
 import botocore.exceptions
 import pydantic
@@ -44,7 +50,7 @@ from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import checkpointspec, podenv
 from cairn.api import manifest as manifest_mod
-from cairn.operator import kubeapi
+from cairn.operator import kubeapi, s3clients
 from cairn.operator.core import names, s3plan, tunables
 
 if typing.TYPE_CHECKING:
@@ -164,85 +170,11 @@ def credentials(
     return pair
 
 
-def make_client(
-    upload: checkpointspec.UploadSpec,
-    *,
-    access_key: str | None,
-    secret_key: str | None,
-    bounds: tunables.S3 = tunables.DEFAULT.s3,
-) -> S3Client:
-    """A new S3 client for the job's store, with bounded retries and timeouts."""
-    config = botocore.config.Config(
-        region_name=upload.region or bounds.default_region,
-        connect_timeout=bounds.connect_timeout_seconds,
-        read_timeout=bounds.read_timeout_seconds,
-        retries={"max_attempts": bounds.max_attempts, "mode": "standard"},
-        # As the writer: checksums where an operation needs one (some
-        # S3-compatible stores reject the default trailing checksums).
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_required",
-        # Custom endpoints (MinIO, SeaweedFS) want path-style addressing.
-        s3={"addressing_style": "path" if upload.endpoint else "auto"},
-    )
-    session = boto3.session.Session(aws_access_key_id=access_key, aws_secret_access_key=secret_key)
-    s3: S3Client = session.client("s3", endpoint_url=upload.endpoint, config=config)
-    return s3
-
-
-ClientKey = tuple[str, str, str, str]
-"""(endpoint, region, access key id, SHA-256 of the secret key)."""
-
-
-def client_key(
-    upload: checkpointspec.UploadSpec,
-    *,
-    access_key: str | None,
-    secret_key: str | None,
-    bounds: tunables.S3 = tunables.DEFAULT.s3,
-) -> ClientKey:
-    """What makes two clients interchangeable. Pure. The secret key enters only
-    as a digest, so the cache's keys hold no credential."""
-    digest = hashlib.sha256((secret_key or "").encode()).hexdigest()
-    region = upload.region or bounds.default_region
-    return (upload.endpoint or "", region, access_key or "", digest)
-
-
-class ClientCache:
-    """S3 clients by ``client_key``, least recently used dropped past ``limit``.
-
-    boto3 clients are thread-safe; building one is not cheap (~135 ms of
-    CPU). A Secret rotated to a new key pair maps to a new key, hence a new
-    client on the next pass; the old client ages out.
-    """
-
-    def __init__(self, limit: int = tunables.DEFAULT.s3.client_cache_entries) -> None:
-        self._clients: collections.OrderedDict[ClientKey, S3Client] = collections.OrderedDict()
-        self._limit = limit
-        self._lock = threading.Lock()
-        self.builds = 0
-        """Clients built so far (for tests and the bench)."""
-
-    def get(
-        self,
-        upload: checkpointspec.UploadSpec,
-        *,
-        access_key: str | None,
-        secret_key: str | None,
-        bounds: tunables.S3 = tunables.DEFAULT.s3,
-    ) -> S3Client:
-        key = client_key(upload, access_key=access_key, secret_key=secret_key, bounds=bounds)
-        with self._lock:
-            found = self._clients.get(key)
-            if found is not None:
-                self._clients.move_to_end(key)
-                return found
-        built = make_client(upload, access_key=access_key, secret_key=secret_key, bounds=bounds)
-        with self._lock:
-            self.builds += 1
-            self._clients[key] = built
-            while len(self._clients) > self._limit:
-                self._clients.popitem(last=False)
-        return built
+make_client = s3clients.make_client
+ClientKey = s3clients.ClientKey
+client_key = s3clients.client_key
+ClientCache = s3clients.ClientCache
+"""Re-exported from ``s3clients`` (callers name them here)."""
 
 
 CLIENTS = ClientCache()
@@ -269,22 +201,58 @@ class Listed:
     etag: str
 
 
+class Deadline:
+    """When a pass stops starting S3 calls (monotonic seconds; None: never)."""
+
+    def __init__(self, at: float | None = None, *, seconds: float = 0.0) -> None:
+        self.at, self.seconds = at, seconds
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds, seconds=seconds)
+
+    def check(self, what: str) -> None:
+        """Raise ``StoreError`` before ``what`` once the deadline passed."""
+        if self.at is not None and time.monotonic() >= self.at:
+            raise StoreError(
+                f"S3 pass stopped at its deadline ({self.seconds:g} s) before {what}:"
+                " the store answers too slowly; the next pass goes on"
+            )
+
+
+NO_DEADLINE = Deadline()
+
+
 def list_steps(s3: S3Client, target: Target) -> dict[int, dict[str, Listed]]:
-    """Every object under ``<prefix>/step-<N>/``, by step and relative path."""
-    return _list(s3, target)[0]
+    """Every object under ``<prefix>/step-<N>/``, by step and relative path (no cap:
+    the ``onDelete`` cleanup must see the whole prefix)."""
+    return _list(s3, target, max_keys=None)[0]
 
 
-def _list(s3: S3Client, target: Target) -> tuple[dict[int, dict[str, Listed]], frozenset[int]]:
+def _list(
+    s3: S3Client, target: Target, *, max_keys: int | None, deadline: Deadline = NO_DEADLINE
+) -> tuple[dict[int, dict[str, Listed]], frozenset[int]]:
     """``list_steps``, plus the steps named by a manifest moved aside under
-    ``<prefix>/.cairn/<kind>/<tag>/step-<N>/manifest.json``."""
+    ``<prefix>/.cairn/<kind>/<tag>/step-<N>/manifest.json``. Past ``max_keys``
+    objects it stops with ``StoreError``: a tenant's prefix never costs the
+    operator more memory than that."""
     steps: dict[int, dict[str, Listed]] = {}
     aside: set[int] = set()
+    seen = 0
     try:
         pages = s3.get_paginator("list_objects_v2").paginate(
             Bucket=target.bucket, Prefix=target.base
         )
         for page in pages:
-            for obj in page.get("Contents", []):
+            contents = page.get("Contents", [])
+            seen += len(contents)
+            if max_keys is not None and seen > max_keys:
+                raise StoreError(
+                    f"s3://{target.bucket}/{target.base} holds more than {max_keys} objects"
+                    " (the operator's S3.list_max_keys): not verified, nothing deleted"
+                )
+            deadline.check("the next page of the listing")
+            for obj in contents:
                 rest = obj["Key"][len(target.base) :]
                 folder, _, path = rest.partition("/")
                 if folder == ".cairn":
@@ -329,17 +297,22 @@ class EtagCache(Generic[_V]):
         return len(self._items)
 
 
-ManifestRead = manifest_mod.Manifest | s3plan.ManifestError
+ManifestRead = s3plan.ManifestRead
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Caches:
-    """One job's memory of its prefix: full-object CRC32Cs and parsed manifests."""
+    """One job's memory of its prefix: full-object CRC32Cs, and step verdicts.
+
+    Verdicts (``s3plan.Checked``: the verdict, and a verified step's listed
+    paths) by the step's fingerprint; never a parsed manifest, whose memory
+    (up to ~15x its bytes) would grow with what a tenant writes.
+    """
 
     heads: EtagCache[str | None] = dataclasses.field(
         default_factory=lambda: EtagCache(tunables.DEFAULT.s3.head_cache_entries)
     )
-    manifests: EtagCache[ManifestRead] = dataclasses.field(
+    verdicts: EtagCache[s3plan.Checked] = dataclasses.field(
         default_factory=lambda: EtagCache(tunables.DEFAULT.s3.manifest_cache_entries)
     )
 
@@ -352,37 +325,76 @@ def head_crc32c(s3: S3Client, bucket: str, key: str) -> tuple[int, str | None]:
     return int(value.get("ContentLength", 0)), crc
 
 
+def _too_large(size: int, max_bytes: int) -> s3plan.ManifestError:
+    return s3plan.ManifestError(
+        message=f"manifest is {size} bytes, over the operator's limit of {max_bytes}"
+        " (S3.manifest_max_bytes): not read"
+    )
+
+
 def read_manifest(
     s3: S3Client,
     target: Target,
     step: int,
     *,
-    max_bytes: int = tunables.DEFAULT.s3.manifest_max_bytes,
+    listed_size: int | None = None,
+    bounds: tunables.S3 = tunables.DEFAULT.s3,
 ) -> ManifestRead:
+    """The step's manifest, parsed, or why not. Never holds more than
+    ``manifest_max_bytes`` + 1 bytes of it: larger by its listed size is not
+    read at all; one that grew since is read by a bounded range and refused."""
+    limit = bounds.manifest_max_bytes
+    if listed_size is not None and listed_size > limit:
+        return _too_large(listed_size, limit)
     key = target.key(step, manifest_mod.MANIFEST_NAME)
     try:
-        body = s3.get_object(Bucket=target.bucket, Key=key)["Body"].read(max_bytes)
+        answer = s3.get_object(Bucket=target.bucket, Key=key, Range=f"bytes=0-{limit}")
+        body = answer["Body"].read(limit + 1)
+        answer["Body"].close()
     except ERRORS as error:
         raise failure(f"reading s3://{target.bucket}/{key}", error) from None
+    if len(body) > limit:
+        return _too_large(len(body), limit)
     try:
-        return manifest_mod.parse_manifest(body)
+        parsed = manifest_mod.parse_manifest(body)
     except (pydantic.ValidationError, ValueError) as error:
         first = str(error).splitlines()[0][:200]
         return s3plan.ManifestError(message=first)
+    if len(parsed.files) > bounds.manifest_max_entries:
+        return s3plan.ManifestError(
+            message=f"manifest lists {len(parsed.files)} files, over the operator's limit of"
+            f" {bounds.manifest_max_entries} (S3.manifest_max_entries)"
+        )
+    return parsed
 
 
-def _manifest(
-    s3: S3Client, target: Target, step: int, listed: Listed, cache: EtagCache[ManifestRead]
-) -> ManifestRead:
-    """The step's manifest; read from S3 only when its ETag is new."""
-    key = target.key(step, manifest_mod.MANIFEST_NAME)
-    hit, found = cache.get(key, listed.etag)
-    if hit and found is not None:
-        return found
-    found = read_manifest(s3, target, step)
-    if listed.etag:  # without an ETag a rewrite could not be told apart
-        cache.put(key, listed.etag, found)
-    return found
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Identity:
+    """Who the job is, for judging its manifests (``s3plan.verify_step``)."""
+
+    job_uid: str | None
+    keyring: manifest_mod.Keyring | None = dataclasses.field(default=None, repr=False)
+
+    def digest(self) -> str:
+        """What a verdict depends on besides the objects, as a digest (the cache
+        keys hold no key bytes). Pure."""
+        digest = hashlib.sha256((self.job_uid or "").encode())
+        if self.keyring is not None:
+            for key_id in sorted(self.keyring.keys):
+                digest.update(b"\0" + key_id.encode() + b"\0" + self.keyring.keys[key_id])
+        return digest.hexdigest()
+
+
+def fingerprint(objects: dict[str, Listed], *, who: str) -> str:
+    """A step's verdict key: every object's path, size and ETag, and ``who``. Pure.
+    Empty when an object has no ETag (a rewrite could not be told apart)."""
+    digest = hashlib.sha256(who.encode())
+    for path in sorted(objects):
+        listed = objects[path]
+        if not listed.etag:
+            return ""
+        digest.update(f"\0{path}\0{listed.size}\0{listed.etag}".encode())
+    return digest.hexdigest()
 
 
 def _crc32c(
@@ -399,29 +411,92 @@ def _crc32c(
     return crc
 
 
-def observe(s3: S3Client, target: Target, *, caches: Caches | None = None) -> s3plan.Observation:
-    """List the prefix, read each manifest, head the files each manifest lists
-    (manifests and heads only for (key, ETag)s ``caches`` has not seen)."""
-    listed, aside = _list(s3, target)
-    caches = caches or Caches()
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _Reader:
+    """One observe's S3 reads: the store, the caches, the bounds."""
+
+    s3: S3Client
+    target: Target
+    caches: Caches
+    deadline: Deadline
+    bounds: tunables.S3
+
+    def objects(
+        self, step: int, objects: dict[str, Listed], wanted: set[str]
+    ) -> dict[str, s3plan.RemoteObject]:
+        """The step's objects; the ``wanted`` ones headed for their CRC32C."""
+        seen: dict[str, s3plan.RemoteObject] = {}
+        for path, item in objects.items():
+            crc = None
+            if path in wanted:
+                self.deadline.check(f"the head of {path} in step {step}")
+                key = self.target.key(step, path)
+                crc = _crc32c(self.s3, self.target, key, item, self.caches.heads)
+            seen[path] = s3plan.RemoteObject(size=item.size, crc32c=crc)
+        return seen
+
+    def manifest(self, step: int, listed: Listed) -> ManifestRead:
+        self.deadline.check(f"reading the manifest of step {step}")
+        return read_manifest(
+            self.s3, self.target, step, listed_size=listed.size, bounds=self.bounds
+        )
+
+    def judged(
+        self, step: int, objects: dict[str, Listed], who: Identity
+    ) -> tuple[s3plan.Checked, dict[str, s3plan.RemoteObject]]:
+        """The step's verdict, from the cache or judged now; the parsed manifest
+        is dropped here, so a pass holds at most one at a time."""
+        key = fingerprint(objects, who=who.digest())
+        hit, known = self.caches.verdicts.get(str(step), key) if key else (False, None)
+        if hit and known is not None:
+            return known, self.objects(step, objects, set())
+        read = self.manifest(step, objects[manifest_mod.MANIFEST_NAME])
+        wanted = (
+            s3plan.manifest_data_keys(read) if isinstance(read, manifest_mod.Manifest) else set()
+        )
+        seen = self.objects(step, objects, wanted)
+        verdict = s3plan.verify_step(
+            step=step, objects=seen, manifest=read, job_uid=who.job_uid, keyring=who.keyring
+        )
+        judged = s3plan.checked(verdict, read)
+        if key:
+            self.caches.verdicts.put(str(step), key, judged)
+        return judged, seen
+
+
+def observe(
+    s3: S3Client,
+    target: Target,
+    *,
+    caches: Caches | None = None,
+    who: Identity | None = None,
+    deadline: Deadline = NO_DEADLINE,
+    bounds: tunables.S3 = tunables.DEFAULT.s3,
+) -> s3plan.Observation:
+    """List the prefix (at most ``list_max_keys``); per step with a manifest, read
+    it and head the files it lists. With ``who`` (the operator's pass), each
+    step is judged here and only its verdict kept (``s3plan.Checked``), from
+    the verdict cache while the step's objects are unchanged; without, the
+    parsed manifests are returned (for callers that judge themselves).
+    Raises ``StoreError`` (a store failure, too many keys, the deadline)."""
+    listed, aside = _list(s3, target, max_keys=bounds.list_max_keys, deadline=deadline)
+    reader = _Reader(
+        s3=s3, target=target, caches=caches or Caches(), deadline=deadline, bounds=bounds
+    )
     listing: dict[int, dict[str, s3plan.RemoteObject]] = {}
     manifests: dict[int, ManifestRead] = {}
     for step, objects in listed.items():
         found = objects.get(manifest_mod.MANIFEST_NAME)
-        if found is not None:
-            manifests[step] = _manifest(s3, target, step, found, caches.manifests)
-        read = manifests.get(step)
-        wanted = (
-            {read.data_key(entry.path) for entry in read.files}
-            if isinstance(read, manifest_mod.Manifest)
-            else set()
-        )
-        listing[step] = {}
-        for path, item in objects.items():
-            crc = (
-                _crc32c(s3, target, target.key(step, path), item, caches.heads)
-                if path in wanted
-                else None
+        if found is None:
+            listing[step] = reader.objects(step, objects, set())
+        elif who is not None:
+            manifests[step], listing[step] = reader.judged(step, objects, who)
+        else:
+            manifests[step] = read = reader.manifest(step, found)
+            wanted = (
+                s3plan.manifest_data_keys(read)
+                if isinstance(read, manifest_mod.Manifest)
+                else set()
             )
-            listing[step][path] = s3plan.RemoteObject(size=item.size, crc32c=crc)
+            listing[step] = reader.objects(step, objects, wanted)
     return s3plan.Observation(listing=listing, manifests=manifests, aside_steps=aside)

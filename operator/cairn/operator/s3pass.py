@@ -24,10 +24,12 @@ import logging
 import typing
 from typing import Any
 
+from kubernetes.client import exceptions as k8s_exceptions
+
 from cairn.api import manifest as manifest_mod
 from cairn.api import trainingjob
 from cairn.operator import jobapply, kubeapi, prefixapply, s3apply, s3observe
-from cairn.operator.core import clock, jobobserve, k8stypes, prefixplan, s3plan
+from cairn.operator.core import clock, jobobserve, k8stypes, prefixplan, s3plan, tunables
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -63,8 +65,11 @@ def _observe(
     job: trainingjob.TrainingJob,
     target: s3observe.Target,
     caches: s3observe.Caches,
+    deadline: s3observe.Deadline,
+    bounds: tunables.S3,
 ) -> _Seen:
-    """Claim the prefix, then list it; an S3 failure becomes ``error``."""
+    """Claim the prefix, then list and judge it; an S3 failure (or the deadline)
+    becomes ``error``."""
     claim: prefixplan.Claim | None = None
     try:
         # Only under a prefix this job owns, reached the way the settings allow.
@@ -75,7 +80,11 @@ def _observe(
         keyring = s3observe.manifest_keyring(
             api, job=job.metadata.name, namespace=job.metadata.namespace, job_uid=job.metadata.uid
         )
-        seen = s3observe.observe(access.s3, target, caches=caches)
+        deadline.check("listing the prefix")
+        who = s3observe.Identity(job_uid=job.metadata.uid or None, keyring=keyring)
+        seen = s3observe.observe(
+            access.s3, target, caches=caches, who=who, deadline=deadline, bounds=bounds
+        )
         return _Seen(claim=claim, s3=access.s3, observation=seen, keyring=keyring)
     except s3observe.StoreError as failure:
         return _Seen(claim=claim, error=str(failure)[:1024])
@@ -88,6 +97,8 @@ def storage_pass(
     job: trainingjob.TrainingJob,
     caches: s3observe.Caches,
     now: clock.Clock,
+    deadline: s3observe.Deadline = s3observe.NO_DEADLINE,
+    bounds: tunables.S3 = tunables.DEFAULT.s3,
 ) -> PassResult:
     """Verify the prefix, apply retention, record the outcome. Raises ApiException
     only for the status patch; S3 failures end up in ``status.storage.lastError``."""
@@ -98,7 +109,9 @@ def storage_pass(
     ref = jobapply.JobRef.of(raw)
     target = s3observe.Target.parse(upload.uri)
     # observe
-    seen = _observe(api=api, job=job, target=target, caches=caches)
+    seen = _observe(
+        api=api, job=job, target=target, caches=caches, deadline=deadline, bounds=bounds
+    )
     # plan (pure)
     todo = None
     if seen.observation is not None:
@@ -129,6 +142,23 @@ def storage_pass(
         events=events,
         patched_object=patched,
     )
+
+
+def report_abandoned(*, api: kubeapi.KubeApi, raw: dict[str, Any], at: s3observe.Deadline) -> None:
+    """A pass still in an S3 call at its deadline: ``status.storage.lastError`` says so
+    now (the call ends on its own, bounded by the client's timeouts). Never raises."""
+    ref = jobapply.JobRef.of(raw)
+    message = (
+        f"S3 pass abandoned at its deadline ({at.seconds:g} s): the store accepts"
+        " connections but does not answer in time; the next pass tries again"
+    )
+    LOG.warning("S3 pass of %s/%s: %s", ref.namespace, ref.name, message)
+    try:
+        jobapply.patch_status(api, ref, {"storage": {"lastError": message}})
+    except k8s_exceptions.ApiException as error:
+        LOG.warning(
+            "storage status of %s/%s not patched: %s", ref.namespace, ref.name, error.reason
+        )
 
 
 def cleanup(*, api: kubeapi.KubeApi, raw: dict[str, Any], job: trainingjob.TrainingJob) -> int:

@@ -114,7 +114,10 @@ def _wait_suspended(k: kube.Kube, options: argparse.Namespace, *, generation: in
 def _logs(k: kube.Kube, options: argparse.Namespace, out: TextIO) -> int:
     job = k.get_job(options.job)
     attempt = options.attempt if options.attempt is not None else views.parse_status(job).attempt
-    pods = k.list_pods(views.pod_selector(job=options.job, attempt=attempt, rank=options.rank))
+    labelled = k.list_pods(views.pod_selector(job=options.job, attempt=attempt, rank=options.rank))
+    pods, foreign = views.own_pods(job, labelled)
+    for line in foreign:
+        sys.stderr.write(f"ignored pod {line}: it carries the job's labels only\n")
     if not pods:
         out.write(f"trainingjob {options.job}: no pods for attempt {attempt}\n")
         return 1

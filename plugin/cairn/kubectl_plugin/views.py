@@ -202,6 +202,44 @@ def progress_line(state: Progress, *, width: int = 30) -> str:
     )
 
 
+def foreign_reason(pod: dict[str, Any], *, job: dict[str, Any]) -> str | None:
+    """Why a pod labelled with the job's name is not the job's; None: it is.
+
+    Labels prove nothing (anyone who may create a pod can copy them): the
+    job's pods are those whose controller ownerReference is the job's UID and
+    whose name is ``<job>-a<attempt>-n<rank>``, the rule the operator uses
+    (``cairn.operator.core.podowner``), so a decoy's logs are never shown as
+    a rank's.
+    """
+    meta = pod.get("metadata", {})
+    labels = meta.get("labels") or {}
+    job_meta = job.get("metadata", {})
+    controllers = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
+    if not controllers or controllers[0].get("uid") != job_meta.get("uid"):
+        return "not owned by the job"
+    expected = (
+        f"{job_meta.get('name')}-a{labels.get('cairn.dev/attempt')}-n{labels.get('cairn.dev/rank')}"
+    )
+    if meta.get("name") != expected:
+        return f"not named {expected}"
+    return None
+
+
+def own_pods(
+    job: dict[str, Any], pods: Sequence[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The job's own pods, and ``name (why)`` of each foreign one (``foreign_reason``)."""
+    own: list[dict[str, Any]] = []
+    foreign: list[str] = []
+    for pod in pods:
+        why = foreign_reason(pod, job=job)
+        if why is None:
+            own.append(pod)
+        else:
+            foreign.append(f"{pod.get('metadata', {}).get('name')} ({why})")
+    return own, foreign
+
+
 def pod_selector(*, job: str, attempt: int | None, rank: int | None) -> str:
     """Label selector of the job's pods (cairn.operator.core.names' labels)."""
     parts = [f"cairn.dev/job-name={job}"]
@@ -320,8 +358,13 @@ def describe(job: dict[str, Any], *, pods: Sequence[dict[str, Any]], now: dateti
             + ("" if failure.counted else " (not counted)")
         )
     out = "\n".join(lines) + "\n"
-    if pods:
-        out += "\nPods:\n" + _pods_table(pods)
+    own, foreign = own_pods(job, pods)
+    if own:
+        out += "\nPods:\n" + _pods_table(own)
+    if foreign:
+        out += "\nNot the job's (its labels only, ignored):\n" + "".join(
+            f"  {line}\n" for line in foreign
+        )
     if status.conditions:
         out += "\nConditions:\n" + table(
             ("TYPE", "STATUS", "REASON", "AGE", "MESSAGE"),

@@ -227,6 +227,9 @@ ALLOWED = [
     ("get", "secrets"),
     # The job's manifest-key Secret, created once with the job's other children.
     ("create", "secrets"),
+    # The job's NetworkPolicy (its network boundary; the garbage collector deletes it).
+    ("create", "networkpolicies.networking.k8s.io"),
+    ("get", "networkpolicies.networking.k8s.io"),
     # spec.ttlSecondsAfterFinished: the operator deletes finished jobs.
     ("delete", "trainingjobs.cairn.dev"),
 ]
@@ -241,6 +244,8 @@ DENIED = [
     ("escalate", "roles.rbac.authorization.k8s.io"),
     ("bind", "roles.rbac.authorization.k8s.io"),
     ("delete", "roles.rbac.authorization.k8s.io"),
+    ("delete", "networkpolicies.networking.k8s.io"),
+    ("patch", "networkpolicies.networking.k8s.io"),
     ("create", "pods/exec"),
     ("create", "serviceaccounts/token"),
     ("get", "pods/log"),
@@ -273,6 +278,15 @@ def test_namespaced_rbac_allows_what_the_operator_does(
         resource="customresourcedefinitions.apiextensions.k8s.io",
         namespace=None,
     )
+    for kind in ("validatingadmissionpolicies", "validatingadmissionpolicybindings"):
+        # policycheck: no pods start unless the status policy and its binding exist.
+        assert can_i(
+            devcluster,
+            sa_namespace=release,
+            verb="get",
+            resource=f"{kind}.admissionregistration.k8s.io",
+            namespace=None,
+        )
 
 
 def test_namespaced_rbac_denies_the_rest(devcluster: DevclusterHandle, release: str) -> None:

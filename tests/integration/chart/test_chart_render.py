@@ -190,7 +190,8 @@ def test_deployment(helm: pathlib.Path) -> None:
         "privileged": False,
         "capabilities": {"drop": ["ALL"]},
     }
-    assert container["resources"]["requests"] == {"cpu": "50m", "memory": "128Mi"}
+    assert container["resources"]["requests"] == {"cpu": "50m", "memory": "256Mi"}
+    assert container["resources"]["limits"] == {"memory": "768Mi"}
     [spread] = pod["topologySpreadConstraints"]
     assert spread["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]

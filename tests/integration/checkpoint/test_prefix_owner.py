@@ -4,7 +4,11 @@ Covers: an owner object naming another job is a configuration error (exit 78
 in the reference trainer, the operator fails the job with the message); an
 unreadable owner object is one too; this job's own owner object, or none at
 all, lets the writer start; the check happens in `CheckpointManager`'s start
-on rank 0, before anything touches the volume or the bucket.
+on rank 0, before anything touches the volume or the bucket; an absent owner
+object is claimed there (If-None-Match, the operator's record format) when the
+job's UID, namespace and name are known, and another job's is never replaced;
+another job's owner object at an outer level (a prefix inside its prefix) is
+a configuration error.
 """
 
 from __future__ import annotations
@@ -82,3 +86,58 @@ def test_manager_refuses_to_start_on_another_jobs_prefix(
         )
     # Refused before the volume was touched: no fence, no folders.
     assert not root.exists() or not any(root.iterdir())
+
+
+def test_writer_claims_an_unclaimed_prefix_before_its_first_upload(
+    tmp_path: pathlib.Path, s3_server: typing.Any
+) -> None:
+    """Issue #20.6: the operator has not claimed it (yet, or never may): rank 0 does,
+    with the operator's record, so a second job is refused by both sides."""
+    bucket = s3_server.new_bucket("owner-claim")
+    opts = _opts(s3_server, bucket)
+    mine = s3owner.Owner(uid=ME, namespace="ml", name="me")
+    with manager.CheckpointManager(
+        options.CheckpointOptions(
+            directory=tmp_path / "ckpt",
+            s3=opts,
+            job_uid=ME,
+            job_namespace="ml",
+            job_name="me",
+            interval_steps=1,
+        )
+    ):
+        pass
+    key = f"jobs/shared/{s3owner.OWNER_KEY}"
+    body = s3_server.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert s3owner.parse_owner(body) == mine
+    client = s3transport.make_client(opts)
+    remote.check_prefix_owner(client, opts, job_uid=ME, claim_as=mine)  # its own: fine
+    with pytest.raises(errors.ConfigurationError, match="belongs to TrainingJob ml/me"):
+        remote.check_prefix_owner(client, opts, job_uid=OTHER.uid, claim_as=OTHER)
+
+
+def test_writer_never_replaces_another_jobs_owner_object(s3_server: typing.Any) -> None:
+    bucket = s3_server.new_bucket("owner-keep")
+    opts = _opts(s3_server, bucket)
+    _put_owner(s3_server, bucket, OTHER.to_json())
+    mine = s3owner.Owner(uid=ME, namespace="ml", name="me")
+    with pytest.raises(errors.ConfigurationError, match="belongs to TrainingJob ml/other"):
+        remote.check_prefix_owner(s3transport.make_client(opts), opts, job_uid=ME, claim_as=mine)
+    key = f"jobs/shared/{s3owner.OWNER_KEY}"
+    assert s3_server.client().get_object(Bucket=bucket, Key=key)["Body"].read() == OTHER.to_json()
+
+
+def test_writer_refuses_a_prefix_inside_another_jobs(s3_server: typing.Any) -> None:
+    """An owner object at an outer level (``jobs/``) names another job: every upload
+    would sit inside that job's prefix, within reach of its retention and onDelete."""
+    bucket = s3_server.new_bucket("owner-outer")
+    opts = _opts(s3_server, bucket)
+    s3_server.client().put_object(
+        Bucket=bucket, Key=f"jobs/{s3owner.OWNER_KEY}", Body=OTHER.to_json()
+    )
+    mine = s3owner.Owner(uid=ME, namespace="ml", name="me")
+    with pytest.raises(errors.ConfigurationError, match=r"inside s3://[^ ]+/jobs/, the prefix of"):
+        remote.check_prefix_owner(s3transport.make_client(opts), opts, job_uid=ME, claim_as=mine)
+    assert "Contents" not in s3_server.client().list_objects_v2(
+        Bucket=bucket, Prefix="jobs/shared/"
+    )

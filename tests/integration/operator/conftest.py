@@ -155,10 +155,18 @@ class Kube:
         return kh.wait_for(found, timeout=WAIT, what=f"event {reason} {contains!r} on {job}")
 
     # --- a client acting as the job's ServiceAccount --------------------------------
-    def as_service_account(self, name: str) -> client.ApiClient:
-        """An API client authenticated with a TokenRequest token of `name`."""
+    def as_service_account(self, name: str, *, pod: str | None = None) -> client.ApiClient:
+        """An API client authenticated with a TokenRequest token of `name`;
+        with `pod`, bound to that pod as the kubelet binds a pod's projected
+        token (the API server then puts its name in userInfo.extra)."""
+        bound = None
+        if pod is not None:
+            uid = self.core.read_namespaced_pod(pod, self.namespace).metadata.uid
+            bound = client.V1BoundObjectReference(api_version="v1", kind="Pod", name=pod, uid=uid)
         request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)
+            spec=client.V1TokenRequestSpec(
+                audiences=[], expiration_seconds=600, bound_object_ref=bound
+            )
         )
         token = self.core.create_namespaced_service_account_token(name, self.namespace, request)
         admin = self.api_client.configuration

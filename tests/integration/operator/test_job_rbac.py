@@ -47,7 +47,7 @@ def test_token_reaches_only_its_own_status(kube: Kube) -> None:
     for name in ("mine", "theirs"):
         kube.wait_phase(name, "Running")
 
-    as_job = kube.as_service_account("mine-trainer")
+    as_job = kube.as_service_account("mine-trainer", pod="mine-a1-n0")
     custom = client.CustomObjectsApi(as_job)
     core = client.CoreV1Api(as_job)
     report = {"status": {"step": 7}}

@@ -71,7 +71,7 @@ def test_get_tj_columns(kube: Kube) -> None:
     kube.wait_phase("cols", "Running", attempt=2)
 
     now = datetime.datetime.now(datetime.UTC)
-    writer = client.CustomObjectsApi(kube.as_service_account("cols-trainer"))
+    writer = client.CustomObjectsApi(kube.as_service_account("cols-trainer", pod="cols-a2-n0"))
     report = {
         "status": {
             "step": 12,

@@ -183,7 +183,7 @@ def test_overlay_service_account_writes_status_under_the_policy(kube: Kube) -> N
     )
     kube.wait_phase("ownsa", "Running")
     assert kube.pods("ownsa")[0].spec.service_account_name == "team-sa"
-    writer = client.CustomObjectsApi(kube.as_service_account("team-sa"))
+    writer = client.CustomObjectsApi(kube.as_service_account("team-sa", pod="ownsa-a1-n0"))
 
     def patch(status: dict[str, Any]) -> None:
         writer.patch_namespaced_custom_object_status(

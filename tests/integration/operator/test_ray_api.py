@@ -9,9 +9,14 @@ spent); with a one-node Ray job running (the real launcher and ``ray start
 ValidatingAdmissionPolicy) but still not ``phase``; the operator posts one
 ``InPlaceRestart`` Event naming the group, the reason and the step, records it
 in ``status.ray.announcedInPlaceRestarts``, leaves the phase Running, and sets
-``status.ray.group`` back to 0 when a deleted pod starts attempt 2.
+``status.ray.group`` back to 0 when a deleted pod starts attempt 2; the job's
+Ray token Secret (owned, immutable, 64 hex characters, in no status or Event)
+with which its head runs.
 """
 
+import base64
+import json
+import re
 from typing import Any
 
 import pytest
@@ -74,11 +79,25 @@ def _patch_as_trainer(custom: client.CustomObjectsApi, kube: Kube, status: dict[
     )
 
 
+def _check_ray_token_secret(kube: Kube, job: str) -> None:
+    """The job's Ray token: owned by the job, immutable, 32 random bytes as hex,
+    and nowhere in the job or its Events (the running head started Ray with it)."""
+    secret = kube.core.read_namespaced_secret(f"{job}-ray-token", kube.namespace)
+    (owner,) = secret.metadata.owner_references
+    assert owner.controller and owner.uid == kube.job(job)["metadata"]["uid"]
+    assert secret.immutable is True
+    token = base64.b64decode(secret.data["token"]).decode()
+    assert re.fullmatch(r"[0-9a-f]{64}", token)
+    assert token not in json.dumps(kube.job(job))
+    assert not any(token in (e.message or "") for e in kube.events(job))
+
+
 def test_in_place_restart_event_and_group_reset(kube: Kube) -> None:
     kube.create(_ray_body("rayjob"))
     kube.wait_phase("rayjob", "Running", attempt=1)
     assert kube.status("rayjob")["ray"] == {"group": 0}
-    custom = client.CustomObjectsApi(kube.as_service_account("rayjob-trainer"))
+    _check_ray_token_secret(kube, "rayjob")
+    custom = client.CustomObjectsApi(kube.as_service_account("rayjob-trainer", pod="rayjob-a1-n0"))
     ray = {
         "group": 1,
         "inPlaceRestarts": 1,

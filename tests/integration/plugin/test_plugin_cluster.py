@@ -12,7 +12,10 @@ clear error, left suspended with the target), and with ``--keep-suspended``
 on a suspended job; refusing a finished job and a step that is not
 committed (rotated, corrupt, unknown: the job untouched);
 ``logs`` of the current attempt (all ranks prefixed, one ``--rank``, an
-older ``--attempt``) from real pods run by the node agent; a missing job;
+older ``--attempt``) from real pods run by the node agent, never a decoy
+pod that only carries the job's labels (``describe`` lists it apart); ``logs -f``
+streaming a running pod's lines until it ends (and refused without
+``--rank`` when several pods match); a missing job;
 and kubectl's plugin discovery running ``kubectl cairn`` from ``PATH``.
 Test jobs carry ``spec.managedBy`` of another controller, so a Cairn
 operator running on the cluster leaves them alone; the tests write status
@@ -298,9 +301,21 @@ def test_missing_job(
     assert f'trainingjob "nope" not found in namespace "{namespace}"' in capsys.readouterr().err
 
 
-def _rank_pod(job: str, attempt: int, rank: int) -> dict[str, Any]:
+def _job_uid(handle: DevclusterHandle, namespace: str, job: str) -> str:
+    found = conftest.custom(handle).get_namespaced_custom_object(
+        "cairn.dev", "v1alpha1", namespace, "trainingjobs", job
+    )
+    return str(found["metadata"]["uid"])
+
+
+def _rank_pod(
+    job: str, attempt: int, rank: int, *, uid: str | None, name: str | None = None
+) -> dict[str, Any]:
+    """A pod of the job's attempt and rank, as the operator makes it (controller
+    ownerReference = the job, the operator's name); `uid` None: a decoy with
+    the labels only."""
     pod = kube_helpers.python_pod(
-        f"{job}-a{attempt}-n{rank}",
+        name or f"{job}-a{attempt}-n{rank}",
         f"print('attempt {attempt} rank {rank} line 1'); print('attempt {attempt} rank {rank} line 2')",
         container={"name": "trainer"},
     )
@@ -309,16 +324,32 @@ def _rank_pod(job: str, attempt: int, rank: int) -> dict[str, Any]:
         "cairn.dev/attempt": str(attempt),
         "cairn.dev/rank": str(rank),
     }
+    if uid is not None:
+        pod["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": "cairn.dev/v1alpha1",
+                "kind": "TrainingJob",
+                "name": job,
+                "uid": uid,
+                "controller": True,
+            }
+        ]
     return pod
 
 
 @pytest.fixture
 def finished_pods(devcluster: DevclusterHandle, namespace: str, running_job: str) -> str:
     names = []
+    uid = _job_uid(devcluster, namespace, running_job)
     for attempt, rank in ((1, 0), (2, 0), (2, 1)):
-        pod = _rank_pod(running_job, attempt, rank)
+        pod = _rank_pod(running_job, attempt, rank, uid=uid)
         devcluster.core.create_namespaced_pod(namespace, pod)
         names.append(pod["metadata"]["name"])
+    # A decoy: the current attempt's labels, not the job's pod. Never shown as a rank.
+    decoy = _rank_pod(running_job, 2, 0, uid=None, name=f"{running_job}-decoy")
+    decoy["spec"]["containers"][0]["command"] = ["python", "-c", "print('decoy says hi')"]
+    devcluster.core.create_namespaced_pod(namespace, decoy)
+    names.append(decoy["metadata"]["name"])
     for name in names:
 
         def succeeded(pod_name: str = name) -> bool:
@@ -329,10 +360,14 @@ def finished_pods(devcluster: DevclusterHandle, namespace: str, running_job: str
 
 
 def test_logs_of_current_attempt(
-    devcluster: DevclusterHandle, namespace: str, finished_pods: str
+    devcluster: DevclusterHandle,
+    namespace: str,
+    finished_pods: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, out = run(devcluster, namespace, "logs", finished_pods)
     assert code == 0
+    assert "ignored pod llm-decoy (not owned by the job)" in capsys.readouterr().err
     assert out.splitlines() == [
         "[rank 0] attempt 2 rank 0 line 1",
         "[rank 0] attempt 2 rank 0 line 2",
@@ -349,6 +384,10 @@ def test_logs_of_current_attempt(
     )
     _, described = run(devcluster, namespace, "describe", finished_pods)
     assert "llm-a2-n1   2         1      Succeeded" in described
+    # The decoy (labels of attempt 2 rank 0, no ownerReference): listed apart, never a rank.
+    pods_section = described.split("Pods:", 1)[1].split("Not the job's", 1)[0]
+    assert "llm-decoy" not in pods_section
+    assert "llm-decoy (not owned by the job)" in described
 
 
 def test_kubectl_finds_the_plugin_on_path(
@@ -375,3 +414,54 @@ def test_kubectl_finds_the_plugin_on_path(
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0].split()[:2] == ["STEP", "STATE"]
     assert len(result.stdout.splitlines()) == 7
+
+
+class _StampedOut(io.StringIO):
+    """Output that records, for each line written, whether the pod still ran then."""
+
+    def __init__(self, on_line: Any) -> None:
+        super().__init__()
+        self.on_line = on_line
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            self.on_line(line)
+        return super().write(text)
+
+
+def test_logs_follow_streams_until_the_pod_ends(
+    devcluster: DevclusterHandle, namespace: str, running_job: str
+) -> None:
+    """``logs -f``: lines arrive while the pod runs (streamed, not collected at its
+    end) and the command returns 0 once the pod ends; with several pods it
+    refuses and says to pick a ``--rank``."""
+    conftest.patch_status(devcluster, namespace, running_job, {"attempt": 3})
+    for rank, script in (
+        (0, "import time; print('first', flush=True); time.sleep(6); print('last', flush=True)"),
+        (1, "print('other rank')"),
+    ):
+        pod = _rank_pod(running_job, 3, rank, uid=_job_uid(devcluster, namespace, running_job))
+        pod["spec"]["containers"][0]["command"] = ["python", "-c", script]
+        devcluster.core.create_namespaced_pod(namespace, pod)
+    name = f"{running_job}-a3-n0"
+
+    def running() -> bool:
+        return kube_helpers.pod_phase(devcluster.core, name, namespace) == "Running"
+
+    kube_helpers.wait_for(running, timeout=60, what=f"pod {name} to run")
+    assert run(devcluster, namespace, "logs", running_job, "-f") == (
+        2,
+        "--follow needs one pod: pass --rank\n",
+    )
+    seen: list[tuple[str, str]] = []
+    out = _StampedOut(
+        lambda line: seen.append(
+            (line, str(kube_helpers.pod_phase(devcluster.core, name, namespace)))
+        )
+    )
+    args = ["--kubeconfig", str(devcluster.kubeconfig), "-n", namespace]
+    code = cli.main([*args, "logs", running_job, "--rank", "0", "-f"], out=out)
+    assert code == 0
+    assert [line for line, _ in seen] == ["first", "last"]
+    assert seen[0][1] == "Running", seen  # streamed while the pod still ran
+    assert kube_helpers.pod_phase(devcluster.core, name, namespace) == "Succeeded"

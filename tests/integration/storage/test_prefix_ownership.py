@@ -17,13 +17,22 @@ operator identity off, as the chart defaults):
 - ``onDelete: Delete`` of a running job waits until its pods are gone: a rank
   that uploads an object after SIGTERM does not leave it behind, and the
   owner object is released.
+- a job whose prefix is inside an owned prefix (issue #20.6): ``PrefixNested``
+  naming the outer job, no call under the inner prefix, the outer keeps it;
+- an endpoint that is a name for loopback, with the chart's default settings
+  (an S3 pass run in this process; issue #20.5): ``EndpointAddressRefused``
+  with the generic message, no address in status or Event, the detail in the
+  operator log, and the real S3 behind the name got nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
+import logging
 import pathlib
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -32,7 +41,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from cairn.api import trainingjob
 from cairn.checkpoint import options
+from cairn.operator import egress, kubeapi, prefixapply, s3observe, s3pass
+from cairn.operator.core import egressplan, jobobserve, prefixplan
 from tests.conftest import DevclusterHandle, OperatorProcess
 from tests.integration.devcluster import kube_helpers as kh
 from tests.integration.storage.test_storage_operator import (
@@ -284,3 +296,53 @@ def test_on_delete_waits_for_the_pods(env: Env) -> None:
     )
     assert keys(env.s3, env.bucket, "markers/") == {"markers/late-done"}
     assert keys(env.s3, env.bucket, "shared/run/") == set()  # owner released too
+
+
+def test_prefix_nested_in_an_owned_prefix_is_refused(env: Env) -> None:
+    """Issue #20.6: the outer job keeps its prefix; the inner one is refused, naming it."""
+    env.create(_suspended_job("outer", checkpoint={"upload": env.upload()}))
+    kh.wait_for(lambda: env.claim("outer").get("owned") is True, timeout=WAIT, what="outer's claim")
+    inner_uri = f"s3://{env.bucket}/shared/run/inner"
+    env.create(_suspended_job("inner", checkpoint={"upload": env.upload(uri=inner_uri)}))
+    refused = env.wait_refused("inner", "PrefixNested")
+    assert f"inside the prefix s3://{env.bucket}/shared/run/" in refused["message"]
+    assert f"TrainingJob {env.namespace}/outer" in refused["message"]
+    assert keys(env.s3, env.bucket, "shared/run/inner/") == set()  # no owner object, no call
+    assert env.claim("outer").get("owned") is True
+
+
+def test_loopback_endpoint_is_refused_with_a_generic_message(
+    env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue #20.5, with the chart's default settings (no allow-list), run in this
+    process: the endpoint is a name for the devcluster's real S3 on loopback, so a
+    missing gate would have claimed the prefix there."""
+    monkeypatch.setattr(prefixapply, "settings", prefixplan.Settings)
+    port = urllib.parse.urlsplit(env.devcluster.s3_endpoint).port
+    body = _suspended_job(
+        "loop", checkpoint={"upload": env.upload(endpoint=f"http://localhost:{port}")}
+    )
+    body["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"  # the shared operator stays out
+    env.create(body)
+    raw = env.job("loop")
+    job = jobobserve.parse_job(raw)
+    assert isinstance(job, trainingjob.TrainingJob)
+    with caplog.at_level(logging.WARNING, logger=egress.LOG.name):
+        s3pass.storage_pass(
+            api=kubeapi.KubeApi.of(env.devcluster.api_client),
+            raw=raw,
+            job=job,
+            caches=s3observe.Caches(),
+            now=lambda: datetime.datetime.now(datetime.UTC),
+        )
+    assert env.claim("loop") == {
+        "owned": False,
+        "reason": prefixplan.REASON_ADDRESS,
+        "message": egressplan.REFUSED_MESSAGE,
+    }
+    status = json.dumps(env.job("loop")["status"])
+    assert "127.0.0.1" not in status and "::1" not in status and "lastError" not in status
+    assert keys(env.s3, env.bucket, "") == set()  # the real S3 behind the name got nothing
+    assert "localhost resolves to" in caplog.text  # the detail: the operator log only
+    (event,) = env.events("loop", prefixplan.REASON_ADDRESS)
+    assert event.type == "Warning" and "127.0.0.1" not in event.message

@@ -37,8 +37,8 @@ from kubernetes import client
 
 from cairn.api import trainingjob
 from cairn.checkpoint import options
-from cairn.operator import kubeapi, s3loop, s3observe, s3pass
-from cairn.operator.core import jobobserve
+from cairn.operator import kubeapi, prefixapply, s3loop, s3observe, s3pass
+from cairn.operator.core import jobobserve, prefixplan
 from tests.conftest import DevclusterHandle, OperatorProcess
 from tests.integration.devcluster import kube_helpers as kh
 from tests.integration.storage.test_storage_operator import (
@@ -143,6 +143,10 @@ def store(
 ) -> Iterator[Store]:
     # A cache of this test's own, so that client builds are this test's.
     monkeypatch.setattr(s3observe, "CLIENTS", s3observe.ClientCache())
+    # The operator's S3 settings as the devcluster's operator runs (tests/demo.py):
+    # its S3, on loopback, allow-listed (else refused, docs/security.md).
+    listed = prefixplan.Settings(endpoint_allow_list=(devcluster.s3_endpoint,))
+    monkeypatch.setattr(prefixapply, "settings", lambda: listed)
     with contextlib.contextmanager(kh.temp_namespace)(devcluster.core, prefix="s3cost") as ns:
         made = Store(devcluster, ns, tmp_path)
         try:

@@ -14,8 +14,9 @@ verified step stays 30; the writer's ``checkpoints`` are untouched by the
 operator; ``/metrics`` shows the job's verified step; deleting the job
 (after its Secret, as a namespace deletion may) empties the prefix before
 the finalizer goes and the job disappears. A job whose cleanup keeps failing
-(its Secret never existed) is deleted anyway after five attempts, with a
-``CleanupFailed`` Warning.
+(its Secret never existed) shows ``CleanupFailed`` (``CleanupRetrying``,
+naming its prefix) while the attempts go on, and is deleted anyway after
+five attempts, with a ``CleanupFailed`` Warning.
 """
 
 from __future__ import annotations
@@ -300,6 +301,17 @@ def test_cleanup_that_keeps_failing_does_not_wedge_deletion(
     )
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "wedge")
 
+    def retrying() -> bool:  # while the attempts go on, the job says why it stays
+        job = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "wedge")
+        found = [
+            c
+            for c in (job.get("status") or {}).get("conditions") or ()
+            if c.get("type") == "CleanupFailed" and c.get("reason") == "CleanupRetrying"
+        ]
+        return bool(found) and "s3://nowhere/job" in found[0]["message"]
+
+    kh.wait_for(retrying, timeout=WAIT, what="CleanupFailed (CleanupRetrying) on the job")
+
     def gone() -> bool:
         try:
             custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "wedge")
@@ -311,7 +323,8 @@ def test_cleanup_that_keeps_failing_does_not_wedge_deletion(
 
     started = time.monotonic()
     kh.wait_for(gone, timeout=120, what="the job to be deleted despite the failed cleanup")
-    assert time.monotonic() - started > 25  # 5 attempts, 2+4+8+16 s of backoff
+    # 5 attempts: 2+4+8+16 s of backoff, each less up to half at random (core.backoff)
+    assert time.monotonic() - started > 14
     (event,) = [
         e
         for e in devcluster.core.list_namespaced_event(

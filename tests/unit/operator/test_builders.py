@@ -74,6 +74,8 @@ def test_job_children() -> None:
             "metadata": _meta("demo-manifest-key"),
             "type": "Opaque",
         },
+        # The network boundary (test_netpol covers its rules).
+        builders.network_policy(job),
     ]
 
 

@@ -132,3 +132,5 @@ def test_build_info_and_error_series_exist() -> None:
     assert 'cairn_build_info{python="' in text
     assert 'cairn_reconcile_errors_total{kind="api"} 0.0' in text
     assert 'cairn_reconcile_errors_total{kind="exception"} 0.0' in text
+    # Exists from the start; its value is process-wide (test_reconcile_backoff counts some).
+    assert 'cairn_reconcile_errors_total{kind="transport"} ' in text

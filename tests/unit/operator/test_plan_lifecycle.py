@@ -56,6 +56,7 @@ def test_first_reconcile_starts_attempt_one() -> None:
         ("RoleBinding", "demo-status-writer"),
         ("Service", "demo"),
         ("Secret", "demo-manifest-key"),
+        ("NetworkPolicy", "demo-ingress"),
         ("Pod", "demo-a1-n0"),
         ("Pod", "demo-a1-n1"),
     ]

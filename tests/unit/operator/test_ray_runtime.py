@@ -2,7 +2,9 @@
 
 Covers: the head/worker pods (launcher command before the user's command,
 args unchanged, CAIRN_RUNTIME and CAIRN_RAY_* env with only the set optional
-fields, the GCS port on container and Service, the /tmp/ray emptyDir), a
+fields, the GCS port on container and Service, the /tmp/ray emptyDir, the
+job's Ray token Secret (owned, no data in the plan, created before the pods)
+mounted read-only with token auth in the env), a
 torchrun job unchanged apart from CAIRN_RUNTIME; the head's success is the
 job's (workers still running are stopped); a worker that only echoes the
 head's failed driver (FollowsHead) is not the root cause, and the attempt
@@ -55,6 +57,7 @@ def test_ray_pods_run_the_launcher_with_the_ray_env() -> None:
         assert env[podenv.RAY_MAX_INPLACE_RESTARTS] == "5"
         assert env[podenv.POD_IP] == {"fieldRef": {"fieldPath": "status.podIP"}}
         assert podenv.RAY_NUM_GPUS not in env and podenv.RAY_OBJECT_STORE_BYTES not in env
+        assert podenv.RAY_DASHBOARD not in env  # off unless spec.ray.dashboard
         assert env[podenv.MASTER_ADDR_CAIRN] == names.master_addr(
             job="demo", namespace="ml", attempt=2
         )
@@ -76,6 +79,48 @@ def test_ray_pods_run_the_launcher_with_the_ray_env() -> None:
     assert [p["name"] for p in ports] == ["c10d", "ray-gcs"]
 
 
+def test_ray_pods_mount_the_jobs_token_and_run_ray_with_token_auth() -> None:
+    job = jobs.job(**_ray())
+    token_path = f"{podenv.RAY_TOKEN_DIR}/{podenv.RAY_TOKEN_KEY}"
+    for pod in builders.attempt_pods(job, attempt=1, resume=podenv.ResumeTarget(kind="latest")):
+        container = pod["spec"]["containers"][0]
+        env = _env(pod)
+        assert env[podenv.RAY_TOKEN_FILE] == token_path
+        assert env[podenv.RAY_AUTH_MODE] == "token"
+        assert env[podenv.RAY_AUTH_TOKEN_PATH] == token_path
+        assert podenv.RAY_AUTH_TOKEN not in env  # the token is never in the pod spec
+        mount = {"name": "cairn-ray-token", "mountPath": podenv.RAY_TOKEN_DIR, "readOnly": True}
+        assert mount in container["volumeMounts"]
+        volume = {
+            "name": "cairn-ray-token",
+            "secret": {
+                "secretName": "demo-ray-token",
+                "defaultMode": 0o444,
+                "items": [{"key": "token", "path": "token"}],
+            },
+        }
+        assert volume in pod["spec"]["volumes"]
+
+
+def test_a_requested_dashboard_is_passed_to_the_launcher() -> None:
+    job = jobs.job(**_ray(ray={"dashboard": True}))
+    pod = builders.pod(job, attempt=1, rank=0, resume=podenv.ResumeTarget(kind="latest"))
+    assert _env(pod)[podenv.RAY_DASHBOARD] == "1"
+
+
+def test_a_ray_job_owns_a_ray_token_secret_created_before_its_pods() -> None:
+    job = jobs.job(**_ray())
+    children = builders.job_children(job)
+    secret = next(c for c in children if c["metadata"]["name"] == "demo-ray-token")
+    assert secret["kind"] == "Secret"
+    assert "data" not in secret  # jobapply draws the token at create time
+    assert secret["metadata"]["ownerReferences"][0]["controller"] is True
+    assert secret.get("immutable") is True
+    result, _ = _run(job)
+    kinds = [(c["kind"], c["metadata"]["name"]) for c in result.creates]
+    assert kinds.index(("Secret", "demo-ray-token")) < kinds.index(("Pod", "demo-a1-n0"))
+
+
 def test_torchrun_pods_have_no_ray_parts() -> None:
     job = jobs.job(command=["torchrun", "train.py"])
     pod = builders.pod(job, attempt=1, rank=0, resume=podenv.ResumeTarget(kind="latest"))
@@ -89,6 +134,8 @@ def test_torchrun_pods_have_no_ray_parts() -> None:
         "cairn-manifest-key",
     ]
     assert [p["name"] for p in builders.service(job)["spec"]["ports"]] == ["c10d"]
+    assert not any(c["metadata"]["name"].endswith("-ray-token") for c in builders.job_children(job))
+    assert not any(name.startswith("RAY_AUTH") for name in env)
 
 
 def _running_ray(**spec: Any) -> Any:

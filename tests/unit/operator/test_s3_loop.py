@@ -183,11 +183,16 @@ def test_jobs_never_scheduled(raw: dict[str, Any]) -> None:
 
 def test_no_more_passes_at_once_than_threads() -> None:
     loop, clock, _ = make()
-    for i in range(5):
-        raw = body(phase="Running")
+    for i in range(6):  # two stores: one store never takes every thread (s3fair)
+        raw = copy.deepcopy(body(phase="Running"))
         raw["metadata"]["name"] = f"job-{i}"
+        raw["spec"]["checkpoint"]["upload"]["endpoint"] = f"http://127.0.0.1:{1 + i % 2}"
         loop.update(("ml", f"job-{i}"), raw)
     clock.now += 2.0
+    assert len(run(loop)) == 1  # each store's first pass runs alone and proves it
+    clock.now += 2.0
+    assert len(run(loop)) == 2  # the other store's first pass, one of the proven store
+    clock.now += 30.0
     assert len(loop.due_now()) == SETTINGS.threads
 
 

@@ -3,9 +3,11 @@
 Covers: ``crds/cairn.dev_status-policy.yaml`` matches what ``statuspolicy``
 generates (the chart's copy is checked with the other generated chart files
 in tests/unit/gitops/test_chart_generated.py); the
-policy matches only the job's own trainer ServiceAccount (the name
-``names`` gives it) on trainingjobs and their /status, denies, and fails
-closed; only rank 0's pod mounts a ServiceAccount token; a writer-asserted
+policy matches the job's own trainer ServiceAccount (the name
+``names`` gives it) or a token bound to a pod named like the job's pods, on
+trainingjobs and their /status, checks the writer pod (``names.pod_name``
+of rank 0) first, refuses every verification claim the CRD schema allows in
+the writer fields, denies, and fails closed; only rank 0's pod mounts a ServiceAccount token; a writer-asserted
 ``lastUploaded.verified`` does not make ``CheckpointUploaded`` report
 Verified, the operator's own ``status.storage.verifiedStep`` does. The CEL
 itself is exercised by the API server in
@@ -46,6 +48,64 @@ def test_policy_names_the_trainer_account_and_denies() -> None:
     }
     writer = next(v for v in spec["variables"] if v["name"] == "writerFields")
     assert writer["expression"] == "['step', 'checkpoints', 'ray']"
+
+
+@pytest.mark.parametrize(("job", "attempt", "rank"), [("j", 1, 0), ("team-run-7", 12, 3)])
+def test_pod_name_parts_follow_names(job: str, attempt: int, rank: int) -> None:
+    """The CEL builds ``names.pod_name`` from these parts (the writer pod, the job-pod regex)."""
+    built = f"{job}{statuspolicy.ATTEMPT_INFIX}{attempt}{statuspolicy.RANK_INFIX}{rank}"
+    assert names.pod_name(job=job, attempt=attempt, rank=rank) == built
+    assert f"'{statuspolicy.RANK_INFIX}{statuspolicy.WRITER_RANK}'" in statuspolicy.WRITER_POD
+
+
+def test_policy_matches_the_job_account_or_a_job_pod_token() -> None:
+    [condition] = statuspolicy.policy()["spec"]["matchConditions"]
+    assert condition["expression"] == statuspolicy.MATCH
+    assert statuspolicy.POD_NAME_CLAIM in statuspolicy.JOB_POD_TOKEN
+    first = statuspolicy.policy()["spec"]["validations"][0]
+    assert first["expression"] == "variables.tokenPod == variables.writerPod"
+
+
+def test_verified_claims_cover_every_writer_field_claim() -> None:
+    """Found by walking the CRD schema: each a validation of its own."""
+    claims = statuspolicy.verified_claims()
+    assert [path for _, path in claims] == [
+        "status.checkpoints.lastUploaded.verified",
+        "status.checkpoints.history[].state",
+    ]
+    rules = {v["expression"] for v in statuspolicy.policy()["spec"]["validations"]}
+    assert {rule for rule, _ in claims} <= rules
+
+
+def test_verified_claims_walk_nested_arrays_and_non_boolean_fields() -> None:
+    schema = {
+        "properties": {
+            "a": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "verifiedBy": {"type": "string"},
+                        "b": {
+                            "type": "array",
+                            "items": {"properties": {"verified": {"type": "boolean"}}},
+                        },
+                    },
+                },
+            },
+            "c": {"type": "string", "enum": ["verified", "other"]},
+            "d": {"type": "string"},
+        }
+    }
+    claims = statuspolicy._verified_claims(schema, value="v", path="status", depth=0)
+    assert claims == [
+        ("v.?a.orValue([]).all(x0, !x0.?verifiedBy.hasValue())", "status.a[].verifiedBy"),
+        (
+            "v.?a.orValue([]).all(x0, x0.?b.orValue([]).all(x1, !x1.?verified.orValue(false)))",
+            "status.a[].b[].verified",
+        ),
+        ("v.?c.orValue('') != 'verified'", "status.c"),
+    ]
 
 
 def test_only_rank_zero_mounts_a_token() -> None:

@@ -70,6 +70,8 @@ def test_operator_env_parses_into_the_spec(
     mounted = tmp_path / keyring_path.name  # tmp_path stands for the mounted volume
     mounted.write_bytes(manifest.dump_keyring(ring))
     env[podenv.MANIFEST_KEYRING] = str(mounted)
+    if container["command"][0] == "torchrun":
+        env[podenv.LOCAL_RANK] = "0"  # torchrun sets it in each process it starts
     cfg = runtime_config.from_env(env)
     assert cfg.checkpoint.manifest_keyring == ring
     spec = job.spec.checkpoint
@@ -111,3 +113,28 @@ def test_malformed_values_name_the_variable() -> None:
         runtime_config.from_env({podenv.ASYNC_MODE: "sometimes"})
     with pytest.raises(ValueError, match="CAIRN_UPLOAD_ON_FAILURE"):
         runtime_config.from_env({podenv.UPLOAD_ON_FAILURE: "Ignore"})
+
+
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [
+        ({podenv.NPROC_PER_NODE: "2"}, True),
+        ({podenv.NPROC_PER_NODE: "2", podenv.RUNTIME: "torchrun"}, True),
+        ({podenv.NPROC_PER_NODE: "2", podenv.LOCAL_RANK: "1"}, False),
+        ({podenv.NPROC_PER_NODE: "1"}, False),
+        ({}, False),
+        ({podenv.NPROC_PER_NODE: "4", podenv.RUNTIME: "ray"}, False),
+    ],
+    ids=["no-launcher", "no-launcher-torchrun", "under-torchrun", "one-proc", "local-run", "ray"],
+)
+def test_several_procs_per_pod_without_a_launcher_are_refused(
+    env: dict[str, str], refused: bool
+) -> None:
+    """procsPerNode > 1 with `python train.py` would wait forever for ranks nobody
+    starts; from_env refuses it with the fix in the message instead."""
+    if refused:
+        with pytest.raises(ValueError, match=r"torchrun -m your\.module") as info:
+            runtime_config.from_env(env)
+        assert "procsPerNode is" in str(info.value)
+    else:
+        runtime_config.from_env(env)

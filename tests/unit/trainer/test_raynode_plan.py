@@ -4,7 +4,10 @@ Covers: the node's settings from the pod env the operator writes (head for
 rank 0, workers otherwise, optional Ray settings), malformed contracts as
 ``LauncherError`` (exit 78), the ``ray start`` command lines of head and
 worker, the children's env (RAY_ADDRESS, auth mode kept when the user set it,
-never the loopback-only flag that forbids multi-node), the version check, the
+never the loopback-only flag that forbids multi-node), token auth forced by the
+job's token file (the user's RAY_AUTH_MODE/RAY_AUTH_TOKEN cannot undo it) and an
+empty token file refused, the dashboard only when asked for (head only, on the
+pod's IP), the version check, the
 worker's exit decision (0 only after an announced success; the head's failure
 echoed as ``FollowsHead``), and parsing of the announced outcome.
 """
@@ -63,6 +66,16 @@ def test_head_start_command() -> None:
         "--num-cpus=2",
         "--object-store-memory=100000000",
     ]
+
+
+def test_a_requested_dashboard_runs_on_the_head_bound_to_the_pod_ip() -> None:
+    on = {podenv.RAY_DASHBOARD: "1"}
+    head = raynode_plan.start_argv(raynode_plan.config(_env(0, **on), ARGV), "/py")
+    assert "--include-dashboard=true" in head and "--include-dashboard=false" not in head
+    assert "--dashboard-host=10.244.1.7" in head  # never Ray's 0.0.0.0 default
+    assert "--dashboard-port=8265" in head
+    worker = raynode_plan.start_argv(raynode_plan.config(_env(1, **on), ARGV), "/py")
+    assert not any(a.startswith("--dashboard") or "dashboard" in a for a in worker)
 
 
 def test_worker_start_command_joins_the_head() -> None:
@@ -138,3 +151,34 @@ def test_worker_exits_zero_only_after_an_announced_success() -> None:
 )
 def test_parse_outcome(raw: bytes | None, code: int | None) -> None:
     assert raynode_plan.parse_outcome(raw) == code
+
+
+def test_with_the_jobs_token_file_every_ray_process_uses_token_auth() -> None:
+    token_file = "/var/run/cairn/ray-token/token"
+    cfg = raynode_plan.config(_env(1, **{podenv.RAY_TOKEN_FILE: token_file}), ARGV)
+    assert cfg.token_file == token_file
+    # The user's env cannot turn auth off nor swap in another token: Ray
+    # prefers an inline RAY_AUTH_TOKEN to the file, so it is removed.
+    user = {"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "chosen", "PATH": "/bin"}
+    for env in (raynode_plan.auth_env(cfg, user), raynode_plan.child_env(cfg, user)):
+        assert env["RAY_AUTH_MODE"] == "token"
+        assert env["RAY_AUTH_TOKEN_PATH"] == token_file
+        assert "RAY_AUTH_TOKEN" not in env
+        assert env["PATH"] == "/bin"
+
+
+def test_without_a_token_file_auth_is_off_unless_the_user_chose() -> None:
+    cfg = raynode_plan.config(_env(0, **{podenv.RAY_TOKEN_FILE: ""}), ARGV)
+    assert cfg.token_file is None
+    assert raynode_plan.auth_env(cfg, {})["RAY_AUTH_MODE"] == "disabled"
+    assert raynode_plan.auth_env(cfg, {"RAY_AUTH_MODE": "token"})["RAY_AUTH_MODE"] == "token"
+
+
+@pytest.mark.parametrize("content", ["", "\n", "   "])
+def test_an_empty_token_file_is_a_configuration_error(content: str) -> None:
+    why = raynode_plan.token_error(content)
+    assert why is not None and podenv.RAY_TOKEN_FILE in why
+
+
+def test_a_non_empty_token_is_accepted() -> None:
+    assert raynode_plan.token_error("ab" * 32 + "\n") is None

@@ -29,7 +29,10 @@ class S3Options:
     region: str | None = None
     access_key: str | None = None
     """None: the standard AWS credential chain (env, profile, IRSA...)."""
-    secret_key: str | None = None
+    secret_key: str | None = dataclasses.field(default=None, repr=False)
+    """Never in the repr (hence not in str(), f-strings, log lines or the repr of
+    a `CheckpointOptions` holding these options); `dataclasses.asdict` still
+    returns it, as it returns every field: do not log that dict."""
     concurrency: int = 8
     """Parallel part uploads/ranged GETs per rank."""
     part_size: int = 16 * 1024 * 1024
@@ -95,6 +98,11 @@ class CheckpointOptions:
     """UID of the TrainingJob (pod env CAIRN_JOB_UID). Recorded in manifests, the
     fence and folder names; steps of another UID are foreign (kept, never
     loaded as "latest"). None (library use): every step under the root is ours."""
+    job_namespace: str | None = None
+    job_name: str | None = None
+    """The TrainingJob's namespace and name (pod env CAIRN_NAMESPACE,
+    CAIRN_JOB_NAME): with `job_uid`, the owner record rank 0 creates when the
+    upload prefix has none yet (`remote.check_prefix_owner`)."""
     manifest_keyring: manifest_mod.Keyring | None = None
     """The job's manifest keys (the operator's per-job Secret, mounted into the
     rank containers; pod env CAIRN_MANIFEST_KEYRING names the file). Set: rank

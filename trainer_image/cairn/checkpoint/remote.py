@@ -343,27 +343,105 @@ def download_files(
     return sum(target.stat().st_size for _, target in targets)
 
 
-def check_prefix_owner(client: S3Client, opts: options.S3Options, *, job_uid: str) -> None:
+def check_prefix_owner(
+    client: S3Client,
+    opts: options.S3Options,
+    *,
+    job_uid: str,
+    claim_as: s3owner.Owner | None = None,
+) -> None:
     """Refuse to upload under a prefix another job owns (`cairn.api.s3owner`).
 
     Raises ConfigurationError when `<prefix>/.cairn/owner.json` names another
     job or cannot be read: every save would land among that job's
-    checkpoints, and a restart cannot fix it. An absent owner object is fine
-    (the operator claims the prefix for this job); an unreachable store is
-    logged and left to the operator's claim, so an outage never stops a start.
+    checkpoints, and a restart cannot fix it. An absent owner object is
+    claimed for `claim_as` (this job: the operator's record format, created
+    with `If-None-Match: *`, so the operator and the writer racing both win
+    with the same record and another job never does) before the first
+    upload, when the operator has not claimed it yet (its first pass comes
+    seconds after the job, or never when it may not call the store). An
+    unreachable store, or one without conditional writes, is logged and left
+    to the operator's claim, so an outage never stops a start. A prefix inside
+    another job's (an owner object at an outer level) is a configuration
+    error too: that job's retention and onDelete would reach these uploads.
     """
+    if not _refuse_outer_owners(client, opts, job_uid=job_uid):
+        return  # unreachable (logged): one bounded read, not one per level
     base = f"{opts.prefix}/" if opts.prefix else ""
     key = f"{base}{s3owner.OWNER_KEY}"
-    try:
-        body = s3transport.retrying(
-            lambda: get_bytes_or_none(client, opts.bucket, key, within=opts.stall_seconds),
-            what=f"reading {key}",
+    for _ in range(2):
+        try:
+            body = _owner_bytes(client, opts, key)
+        except errors.RemoteError as exc:
+            log.warning("could not read the prefix owner s3://%s/%s: %s", opts.bucket, key, exc)
+            return
+        if body is not None:
+            _judge_owner(opts, key, body, job_uid=job_uid)
+            return
+        if claim_as is None or _claim_settled(client, opts, key, claim_as):
+            return
+    log.warning("owner s3://%s/%s appeared and vanished; left to the operator", opts.bucket, key)
+
+
+def _owner_bytes(client: S3Client, opts: options.S3Options, key: str) -> bytes | None:
+    """An owner object's bytes, None when absent; RemoteError when unreachable."""
+    return s3transport.retrying(
+        lambda: get_bytes_or_none(client, opts.bucket, key, within=opts.stall_seconds),
+        what=f"reading {key}",
+    )
+
+
+def _refuse_outer_owners(client: S3Client, opts: options.S3Options, *, job_uid: str) -> bool:
+    """ConfigurationError when an outer level of the prefix (the bucket root
+    included) holds another job's, or an unreadable, owner object; False
+    (logged) when the store did not answer."""
+    parts = opts.prefix.split("/") if opts.prefix else []
+    for depth in range(len(parts)):
+        outer = "".join(f"{part}/" for part in parts[:depth])
+        key = f"{outer}{s3owner.OWNER_KEY}"
+        try:
+            body = _owner_bytes(client, opts, key)
+        except errors.RemoteError as exc:
+            log.warning("could not read the prefix owner s3://%s/%s: %s", opts.bucket, key, exc)
+            return False
+        owner = s3owner.parse_owner(body) if body is not None else None
+        if owner is None or (isinstance(owner, s3owner.Owner) and owner.uid == job_uid):
+            continue
+        whose = owner.describe() if isinstance(owner, s3owner.Owner) else "(unreadable owner)"
+        raise errors.ConfigurationError(
+            f"checkpoint.upload.uri {opts.uri} is inside s3://{opts.bucket}/{outer}, the "
+            f"prefix of TrainingJob {whose}: its retention and onDelete would reach this "
+            "job's checkpoints; choose a prefix beside it"
         )
-    except errors.RemoteError as exc:
-        log.warning("could not read the prefix owner s3://%s/%s: %s", opts.bucket, key, exc)
-        return
-    if body is None:
-        return
+    return True
+
+
+def _claim_settled(client: S3Client, opts: options.S3Options, key: str, me: s3owner.Owner) -> bool:
+    """Create the owner object. True: claimed, or left to the operator (the store
+    failed or rejects conditional writes); False: another writer was first."""
+    try:
+        s3transport.bounded(
+            lambda: client.put_object(
+                Bucket=opts.bucket, Key=key, Body=me.to_json(), IfNoneMatch="*"
+            ),
+            seconds=opts.stall_seconds,
+            what=f"claiming {key}",
+        )
+        log.info("claimed the upload prefix: s3://%s/%s", opts.bucket, key)
+        return True
+    except botocore.exceptions.ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+            return False
+        log.warning("could not claim s3://%s/%s (%s); left to the operator", opts.bucket, key, code)
+    except (s3transport.StallError, botocore.exceptions.BotoCoreError) as exc:
+        log.warning("could not claim s3://%s/%s: %s; left to the operator", opts.bucket, key, exc)
+    return True
+
+
+def _judge_owner(opts: options.S3Options, key: str, body: bytes, *, job_uid: str) -> None:
+    """ConfigurationError unless the owner object names this job."""
     owner = s3owner.parse_owner(body)
     if isinstance(owner, s3owner.Unreadable):
         raise errors.ConfigurationError(

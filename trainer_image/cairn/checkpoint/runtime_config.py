@@ -85,11 +85,28 @@ def _choice(env: Mapping[str, str], name: str, choices: typing.Any, default: _T)
     return typing.cast(_T, raw)
 
 
+def check_launch(env: Mapping[str, str]) -> None:
+    """Refuse a torchrun-runtime process that no launcher started although the
+    job runs several processes per pod: such a process takes itself for rank 0
+    of WORLD_SIZE and would wait forever for ranks nobody starts (a hang, not
+    an error). torchrun (or any launcher) sets LOCAL_RANK for each process."""
+    procs = _int(env, podenv.NPROC_PER_NODE, 1) or 1
+    runtime = env.get(podenv.RUNTIME) or "torchrun"
+    if runtime == "torchrun" and procs > 1 and podenv.LOCAL_RANK not in env:
+        raise ValueError(
+            f"procsPerNode is {procs} but this process was not started by a launcher "
+            "(LOCAL_RANK is unset), so it cannot join its job's ranks: make the job's command "
+            "`torchrun -m your.module` (or `torchrun train.py`; torchrun takes its flags from "
+            "the PET_* variables), or set procsPerNode: 1"
+        )
+
+
 def from_env(
     environ: Mapping[str, str] | None = None, *, default_dir: pathlib.Path | None = None
 ) -> RuntimeConfig:
     """Parse the pod's environment (defaults: `os.environ`, a local `./checkpoints`)."""
     env = os.environ if environ is None else environ
+    check_launch(env)
     s3 = None
     if env.get(podenv.UPLOAD_URI):
         s3 = options.S3Options(
@@ -112,6 +129,8 @@ def from_env(
         attempt=attempt,
         group=_int(env, monitor.GROUP_ENV, 0) or 0,
         job_uid=env.get(podenv.JOB_UID) or None,
+        job_namespace=env.get(podenv.NAMESPACE) or None,
+        job_name=env.get(podenv.JOB_NAME) or None,
         manifest_keyring=_keyring(env),
         s3=s3,
         async_mode=_choice(env, podenv.ASYNC_MODE, checkpointspec.AsyncMode, "pinned"),

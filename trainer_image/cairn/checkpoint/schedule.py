@@ -68,13 +68,19 @@ class SaveSchedule:
         return self._interval_steps is not None and step % self._interval_steps == 0
 
     def _interval_due(self, step: int) -> bool:
-        """Rank 0's clock says a time-interval save is due and none is pending."""
+        """Rank 0's clock says a time-interval save is due and none is pending.
+
+        An agreed step at or after `step` answers the clock already: with
+        several ranks the agreed step is one past the furthest report, so at
+        that step the clock still reads "due" (the save starts only after
+        this answer) and a second request would save again two steps later.
+        """
         agreed = self.agreement
         return (
             self._interval_seconds is not None
             and self._rank == 0
             and time.monotonic() - self._last_save >= self._interval_seconds
-            and not any(s > step for s in agreed.requested)
+            and not any(s >= step for s in agreed.requested)
             and not agreed.pending()
         )
 

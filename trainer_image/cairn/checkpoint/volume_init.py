@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
+from cairn.api import s3owner
 from cairn.checkpoint import coordinator as coordinator_mod
 from cairn.checkpoint import errors, events, lineage, options, remote, rotation, startup
 
@@ -68,7 +69,9 @@ def init(volumes: Volumes, *, coordinator: coordinator_mod.Coordinator) -> None:
     if volumes.rank == 0:
         try:
             if volumes.s3 is not None and opts.s3 is not None and opts.job_uid:
-                remote.check_prefix_owner(volumes.s3, opts.s3, job_uid=opts.job_uid)
+                remote.check_prefix_owner(
+                    volumes.s3, opts.s3, job_uid=opts.job_uid, claim_as=_owner_record(opts)
+                )
             prepare(volumes)
         except BaseException as exc:
             coordinator.broadcast("init", {"error": repr(exc)})
@@ -81,6 +84,13 @@ def init(volumes: Volumes, *, coordinator: coordinator_mod.Coordinator) -> None:
     if rotation.rotates_here(rank=volumes.rank, shared=volumes.shared):
         # Node-local volume: this rank's own volume is its to prepare.
         prepare(volumes)
+
+
+def _owner_record(opts: options.CheckpointOptions) -> s3owner.Owner | None:
+    """This job as the prefix's owner record, when the pod env names it fully."""
+    if not (opts.job_uid and opts.job_namespace and opts.job_name):
+        return None
+    return s3owner.Owner(uid=opts.job_uid, namespace=opts.job_namespace, name=opts.job_name)
 
 
 def prepare(volumes: Volumes) -> None:

@@ -30,6 +30,7 @@ import ctypes
 import importlib.metadata
 import logging
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -281,6 +282,25 @@ def run_worker(cfg: raynode_plan.NodeConfig, sig: _Signals) -> int:
     return code
 
 
+def _use_auth(cfg: raynode_plan.NodeConfig) -> str:
+    """Ray's auth settings in the launcher's own env (its GCS calls; its
+    children's env derives from it); '' or why the job's token is unusable."""
+    if cfg.token_file is not None:
+        try:
+            why = raynode_plan.token_error(pathlib.Path(cfg.token_file).read_text())
+        except OSError as exc:
+            why = f"the Ray token file {cfg.token_file} is unreadable: {exc.strerror}"
+        except UnicodeDecodeError:  # never echo the bytes: they may be a token
+            why = f"the Ray token file {cfg.token_file} is not UTF-8 text"
+        if why:
+            return why
+    env = raynode_plan.auth_env(cfg, os.environ)
+    for name in set(os.environ) - set(env):
+        del os.environ[name]
+    os.environ.update(env)
+    return ""
+
+
 def main(argv: typing.Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -290,6 +310,9 @@ def main(argv: typing.Sequence[str] | None = None) -> int:
     wrong = raynode_plan.version_error(wanted=cfg.version, installed=installed_ray_version())
     if wrong is not None:
         return termination.config_error(raynode_plan.LauncherError(wrong))
+    why = _use_auth(cfg)
+    if why:
+        return termination.config_error(raynode_plan.LauncherError(why))
     sig = _Signals()
     sig.install()
     role = "head" if cfg.head else f"worker (rank {cfg.rank})"

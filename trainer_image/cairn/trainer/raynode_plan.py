@@ -9,6 +9,11 @@ user's command), every other rank a worker (``ray start --address``). The
 head announces the driver's exit code in Ray's internal KV
 (``OUTCOME_NAMESPACE``/``OUTCOME_KEY``) before it stops Ray; a worker exits
 0 only when it read a success there (:func:`worker_exit`).
+
+Auth: with the job's token file (``CAIRN_RAY_TOKEN_FILE``) every Ray process
+of the node runs with token auth, whatever the user's env says
+(:func:`auth_env`); the head's dashboard is off unless the job asked for it,
+and then bound to the pod's IP (docs/security.md, "Ray token auth").
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ class NodeConfig:
     object_store_bytes: int | None
     version: str | None
     join_timeout_seconds: float
+    token_file: str | None = None
+    """The job's Ray auth token (``CAIRN_RAY_TOKEN_FILE``); None: no token auth."""
+    dashboard: bool = False
+    """The head runs Ray's dashboard, bound to ``node_ip`` (``CAIRN_RAY_DASHBOARD``)."""
     driver: tuple[str, ...]
     """The user's command and args (run on the head only)."""
 
@@ -116,6 +125,8 @@ def config(env: typing.Mapping[str, str], argv: typing.Sequence[str]) -> NodeCon
         object_store_bytes=_int(env, podenv.RAY_OBJECT_STORE_BYTES),
         version=env.get(podenv.RAY_VERSION) or None,
         join_timeout_seconds=join_timeout,
+        token_file=env.get(podenv.RAY_TOKEN_FILE) or None,
+        dashboard=env.get(podenv.RAY_DASHBOARD) == "1",
         driver=driver_argv(argv),
     )
 
@@ -129,12 +140,23 @@ def version_error(*, wanted: str | None, installed: str | None) -> str | None:
     return None
 
 
+def _dashboard_args(cfg: NodeConfig) -> list[str]:
+    """The head's dashboard flags (ray start refuses them on a worker): off unless
+    asked for, then on the pod's own address, never Ray's 0.0.0.0 default."""
+    if not cfg.dashboard:
+        return ["--include-dashboard=false"]
+    return [
+        "--include-dashboard=true",
+        f"--dashboard-host={cfg.node_ip or '127.0.0.1'}",
+        f"--dashboard-port={podenv.RAY_DASHBOARD_PORT}",
+    ]
+
+
 def start_argv(cfg: NodeConfig, python: str) -> list[str]:
     """``ray start … --block`` for this node (the launcher's child, stopped by PID)."""
     argv = [python, "-m", "ray.scripts.scripts", "start", "--block"]
     if cfg.head:
-        # ray start refuses --include-dashboard on a worker.
-        argv += ["--head", f"--port={cfg.port}", "--include-dashboard=false"]
+        argv += ["--head", f"--port={cfg.port}", *_dashboard_args(cfg)]
     else:
         argv += [f"--address={cfg.address}"]
     argv += [f"--temp-dir={cfg.temp_dir}", "--disable-usage-stats"]
@@ -149,19 +171,43 @@ def start_argv(cfg: NodeConfig, python: str) -> list[str]:
     return argv
 
 
+def token_error(token: str) -> str | None:
+    """Why the job's token file's content cannot be the cluster's token (None: it can)."""
+    if not token.strip():
+        return f"the Ray token file (${podenv.RAY_TOKEN_FILE}) is empty"
+    return None
+
+
+def auth_env(cfg: NodeConfig, base: typing.Mapping[str, str]) -> dict[str, str]:
+    """Ray's auth variables for every process of this node, the launcher's own included.
+
+    With the job's token file: ``RAY_AUTH_MODE=token`` and
+    ``RAY_AUTH_TOKEN_PATH`` naming it, whatever the user's env says, and no
+    ``RAY_AUTH_TOKEN`` (Ray prefers it to the file). Without one (the launcher
+    outside a pod): off unless the user chose (with ``RAY_AUTH_MODE`` unset, a
+    ``~/.ray/auth_token`` left by any other Ray on a shared home would turn it
+    on for some processes only).
+    """
+    env = dict(base)
+    if cfg.token_file is not None:
+        env[podenv.RAY_AUTH_MODE] = "token"
+        env[podenv.RAY_AUTH_TOKEN_PATH] = cfg.token_file
+        env.pop(podenv.RAY_AUTH_TOKEN, None)
+    else:
+        env.setdefault(podenv.RAY_AUTH_MODE, "disabled")
+    return env
+
+
 def child_env(cfg: NodeConfig, base: typing.Mapping[str, str]) -> dict[str, str]:
     """Env of ``ray start`` and the driver: the pod's, plus what Ray needs here.
 
     ``RAY_ADDRESS`` makes the driver's ``ray.init()`` join this cluster;
-    token auth is off unless the user chose (with ``RAY_AUTH_MODE`` unset, a
-    ``~/.ray/auth_token`` left by any other Ray on a shared home would turn it
-    on for some processes only); no usage stats (no egress). Never set
+    Ray's auth as :func:`auth_env` says; no usage stats (no egress). Never set
     ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: ``ray start --address`` then
     refuses to join ("Multi-node Ray clusters are not supported").
     """
-    env = dict(base)
+    env = auth_env(cfg, base)
     env["RAY_ADDRESS"] = cfg.address
-    env.setdefault("RAY_AUTH_MODE", "disabled")
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     return env
 

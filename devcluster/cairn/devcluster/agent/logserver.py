@@ -75,6 +75,10 @@ def make_server(
                 return
             offset = path.stat().st_size
             while True:
+                # Ask before reading: what the container wrote before it ended
+                # is still sent, and the stream ends with the container (as
+                # the kubelet's does), not with the pod object.
+                alive = running(namespace, pod, container)
                 size = path.stat().st_size
                 if size > offset:
                     with path.open("rb") as handle:
@@ -86,7 +90,7 @@ def make_server(
                         self.wfile.flush()
                     except OSError:
                         return
-                elif not running(namespace, pod, container):
+                elif not alive:
                     return
                 time.sleep(0.2)
 

@@ -21,13 +21,23 @@ from typing import Any
 from kubernetes import client, config
 
 from cairn.devcluster import network
-from cairn.devcluster.agent import hosts, informer, logserver, nodes, provisioner, runtime
+from cairn.devcluster.agent import (
+    hosts,
+    informer,
+    logserver,
+    netfilter,
+    nodes,
+    provisioner,
+    runtime,
+)
 
 log = logging.getLogger("cairn.devcluster.agent")
 _STANDARD = set(vars(logging.makeLogRecord({})))
 # The cluster sends SIGKILL 15 s after SIGTERM: stay well inside that.
 SHUTDOWN_JOIN_SECONDS = 2.0
 SHUTDOWN_GRACE_SECONDS = 5.0
+POLICY_SYNC_SECONDS = 30.0
+"""Deadline for the first list of NetworkPolicies and Namespaces before pods start."""
 
 
 class JsonFormatter(logging.Formatter):
@@ -58,6 +68,7 @@ class Agent:
         self.workers: dict[str, runtime.PodWorker] = {}
         self.services: set[tuple[str, str]] = set()
         self.used_indices: set[int] = set()
+        self.enforcer = netfilter.Enforcer()
         self.ctx = runtime.Context(
             core=self.core,
             state_dir=self.state_dir,
@@ -67,6 +78,10 @@ class Agent:
             hosts_changed=self._hosts_changed,
             hosts_records=self._records,
             stopping=self.stop,
+            network_attached=lambda pod, netns, address: self.enforcer.attach(
+                pod=pod, netns=netns, address=address
+            ),
+            network_detached=lambda pod, netns: self.enforcer.detach(pod=pod, netns=netns),
         )
         self.keeper = nodes.NodeKeeper(
             core=self.core,
@@ -108,6 +123,7 @@ class Agent:
 
     # --- event handlers
     def on_pod(self, event: str, pod: dict[str, Any]) -> None:
+        self.enforcer.on_pod(event, pod)  # every pod: any may be a policy's peer
         if pod["spec"].get("nodeName") not in self.node_names:
             return
         uid = pod["metadata"]["uid"]
@@ -159,7 +175,10 @@ class Agent:
     def _running(self, namespace: str, name: str, container: str) -> bool:
         with self.lock:
             return any(
-                w.namespace == namespace and w.name == name and not w.finished
+                w.namespace == namespace
+                and w.name == name
+                and not w.finished
+                and w.container_running(container)
                 for w in self.workers.values()
             )
 
@@ -200,6 +219,9 @@ class Agent:
             logserver.serve_in_background(server)
             servers.append(server)
         threading.Thread(target=self.keeper.run, name="node-keeper", daemon=True).start()
+        threading.Thread(
+            target=self.enforcer.run, args=(self.stop,), name="netpolicy", daemon=True
+        ).start()
         informers = [
             informer.Informer(
                 name="services",
@@ -223,6 +245,22 @@ class Agent:
                 stop=self.stop,
             ),
             informer.Informer(
+                name="networkpolicies",
+                api_client=self.api_client,
+                list_fn=client.NetworkingV1Api(
+                    self.api_client
+                ).list_network_policy_for_all_namespaces,
+                handler=self.enforcer.on_policy,
+                stop=self.stop,
+            ),
+            informer.Informer(
+                name="namespaces",
+                api_client=self.api_client,
+                list_fn=self.core.list_namespace,
+                handler=self.enforcer.on_namespace,
+                stop=self.stop,
+            ),
+            informer.Informer(
                 name="pods",
                 api_client=self.api_client,
                 list_fn=self.core.list_pod_for_all_namespaces,
@@ -230,8 +268,12 @@ class Agent:
                 stop=self.stop,
             ),
         ]
-        for inf in informers:
+        for inf in informers[:-1]:
             inf.start()
+        for inf in informers[-3:-1]:  # policies known before any pod starts
+            if not inf.synced.wait(POLICY_SYNC_SECONDS):
+                log.warning("informer not synced", extra={"informer": inf.name})
+        informers[-1].start()
         log.info("agent ready", extra={"nodes": sorted(self.node_names)})
         while not self.stop.wait(1.0):
             self._reap_workers()

@@ -49,6 +49,10 @@ class Context:
     hosts_records: Callable[[], list[str]]
     stopping: threading.Event
     """Set at agent shutdown: workers start nothing more and leave their loops."""
+    network_attached: Callable[[Obj, str, str], None] = lambda pod, netns, address: None
+    """(pod, netns, address) once the pod's namespace exists, before any container
+    starts: the agent loads the pod's NetworkPolicy rules there (`netfilter`)."""
+    network_detached: Callable[[Obj, str], None] = lambda pod, netns: None
 
 
 class PodWorker:
@@ -93,6 +97,13 @@ class PodWorker:
         for container in self._containers:
             _signal(container, sig)
 
+    def container_running(self, name: str) -> bool:
+        """The named container's process is alive now (a follow of its log ends with it)."""
+        return any(
+            c.spec.get("name") == name and c.process is not None and c.process.poll() is None
+            for c in self._containers
+        )
+
     def live_processes(self) -> bool:
         return any(c.process and c.process.poll() is None for c in self._containers)
 
@@ -124,6 +135,7 @@ class PodWorker:
                 self._terminate(grace=0)
         finally:
             self._teardown_network()
+            volumes.release(self.dir)  # memory-backed emptyDirs end with the pod
             self.finished = True
 
     def _lifecycle(self) -> None:
@@ -199,6 +211,7 @@ class PodWorker:
         hostname = hosts.pod_hostname(name=self.name, hostname=spec.get("hostname"))
         self.netns_index = self.ctx.allocate_index()
         ns, self.ip = network.create_pod_netns(index=self.netns_index, hostname=hostname)
+        self.ctx.network_attached(self.pod, ns, self.ip)
         network.write_in_place(
             network.ETC_NETNS / ns / "resolv.conf", hosts.resolv_conf(self.namespace)
         )
@@ -461,6 +474,7 @@ class PodWorker:
         with self._net_lock:
             index, self.netns_index = self.netns_index, None
         if index is not None:
+            self.ctx.network_detached(self.pod, network.netns_name(index))
             network.delete_pod_netns(index=index)
             self.ctx.release_index(index)
             self.address = None

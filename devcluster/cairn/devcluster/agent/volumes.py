@@ -1,6 +1,8 @@
 """Materializes a pod's volumes as directories under the agent's state.
 
-emptyDir: a fresh directory per pod. persistentVolumeClaim: the bound
+emptyDir: a fresh directory per pod; with `medium: Memory` a tmpfs mounted
+there, sized by `sizeLimit` as the kubelet sizes memory-backed emptyDirs,
+unmounted by `release` when the pod ends. persistentVolumeClaim: the bound
 PersistentVolume's directory, so every pod claiming it shares it. hostPath:
 the host path itself. secret, configMap, downwardAPI and projected volumes
 (including the ServiceAccount token from the TokenRequest API with the
@@ -13,15 +15,18 @@ import base64
 import contextlib
 import os
 import pathlib
+import subprocess
 from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
+from kubernetes.utils import quantity
 
 from cairn.devcluster.agent import podspec
 
 Obj = dict[str, Any]
 DEFAULT_TOKEN_SECONDS = 3607
+MOUNT_TIMEOUT_SECONDS = 10.0
 
 
 def _write(directory: pathlib.Path, files: Mapping[str, bytes], *, mode: int) -> None:
@@ -162,6 +167,8 @@ def materialize(
         mode = 0o644
         if "emptyDir" in volume:
             target.mkdir(parents=True, exist_ok=True)
+            if (volume["emptyDir"] or {}).get("medium") == "Memory":
+                _mount_tmpfs(target, size_limit=volume["emptyDir"].get("sizeLimit"))
             target.chmod(0o777)
         elif "hostPath" in volume:
             path = pathlib.Path(volume["hostPath"]["path"])
@@ -194,6 +201,44 @@ def materialize(
             )
         dirs[name] = str(target)
     return dirs
+
+
+def _mount_tmpfs(target: pathlib.Path, *, size_limit: str | None) -> None:
+    """A tmpfs at `target` (idempotent: a retried setup finds it mounted)."""
+    if os.path.ismount(target):
+        return
+    options = "mode=0777"
+    if size_limit:
+        options += f",size={int(quantity.parse_quantity(size_limit))}"
+    try:
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
+            check=True,
+            capture_output=True,
+            timeout=MOUNT_TIMEOUT_SECONDS,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", b"") or str(exc).encode()
+        raise podspec.SpecError(
+            "CreateContainerConfigError",
+            f"emptyDir medium Memory at {target.name}: tmpfs mount failed: "
+            f"{detail.decode(errors='replace').strip()}",
+        ) from exc
+
+
+def release(root: pathlib.Path) -> None:
+    """Unmount every mount under `root` (a pod's memory-backed emptyDirs), deepest first."""
+    prefix = f"{root.resolve()}/"
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        points = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+    for point in sorted(points, key=len, reverse=True):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["umount", "-l", point],
+                check=False,
+                capture_output=True,
+                timeout=MOUNT_TIMEOUT_SECONDS,
+            )
 
 
 def refresh_projected(

@@ -6,7 +6,8 @@ names from ``cairn.api.podenv`` (the contract with the trainer image).
 
 Per job (stable names, re-ensured by every attempt): ServiceAccount, a Role
 that may only get/patch this one TrainingJob's status (``resourceNames``), its
-RoleBinding, the headless Service that gives each rank a DNS name, and the
+RoleBinding, the headless Service that gives each rank a DNS name, the
+NetworkPolicy that admits only the job's own pods (``network_policy``), and the
 Secret holding the job's manifest-signing keyring (created once, never
 replaced: its key is drawn by ``jobapply`` at create time, not here; mounted
 read-only into the trainer container of every rank pod, Ray head and workers
@@ -39,6 +40,7 @@ POD_SECURITY_DEFAULTS: dict[str, Any] = {
 """The restricted profile's pod-level requirements (the image's USER is non-root)."""
 RAY_PORT_NAME = "ray-gcs"
 RAY_VOLUME_NAME = trainingjob.RAY_VOLUME_NAME
+RAY_TOKEN_VOLUME = "cairn-ray-token"
 
 CONTAINER_SECURITY_DEFAULTS: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
@@ -190,14 +192,59 @@ def manifest_key_secret(job: trainingjob.TrainingJob) -> k8stypes.Secret:
     }
 
 
+def ray_token_secret(job: trainingjob.TrainingJob) -> k8stypes.Secret:
+    """A ray job's Ray auth token Secret, without data (``jobapply`` draws it on create)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(
+            job,
+            name=names.ray_token_secret_name(job.metadata.name),
+            labels=names.owner_labels(job.metadata.name),
+        ),
+        "type": "Opaque",
+        # Ray processes read the token when they start: a token changed under a
+        # running attempt would lock its new worker processes out. Rotate by
+        # deleting the Secret (a new one is drawn for the next attempt).
+        "immutable": True,
+    }
+
+
+def network_policy(job: trainingjob.TrainingJob) -> k8stypes.NetworkPolicy:
+    """Ingress to the job's pods only from the job's pods, every port (c10d,
+    gloo/NCCL, Ray's fixed and random ports); nothing else connects into a
+    rank pod (the operator reads the API server, probes come from the kubelet).
+    A ray job that asked for the dashboard also admits its port from anywhere:
+    the job's token guards it. Egress is the user's (docs/security.md, "The
+    job's network boundary", also for why a label selector is enough)."""
+    own_pods: k8stypes.LabelSelector = {"matchLabels": names.job_selector(job.metadata.name)}
+    ingress: list[k8stypes.NetworkPolicyIngressRule] = [{"from": [{"podSelector": own_pods}]}]
+    if job.spec.ray_settings.dashboard:  # spec.ray is refused unless runtime: ray
+        ingress.append({"ports": [{"protocol": "TCP", "port": podenv.RAY_DASHBOARD_PORT}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(
+            job,
+            name=names.network_policy_name(job.metadata.name),
+            labels=names.owner_labels(job.metadata.name),
+        ),
+        "spec": {"podSelector": own_pods, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
 def job_children(job: trainingjob.TrainingJob) -> list[k8stypes.Child]:
-    """The per-job children, in creation order (the binding after its role)."""
+    """The per-job children, in creation order (the binding after its role). All
+    come before the pods, and ``jobapply`` creates no pod after a per-job child
+    failed: no attempt's pods are created before the job's NetworkPolicy exists."""
     return [
         service_account(job),
         role(job),
         role_binding(job),
         service(job),
         manifest_key_secret(job),
+        *([ray_token_secret(job)] if job.spec.runtime == "ray" else []),
+        network_policy(job),
     ]
 
 
@@ -345,13 +392,26 @@ def pod(
 def _ray_mounts(job: trainingjob.TrainingJob) -> list[k8stypes.VolumeMount]:
     if job.spec.runtime != "ray":
         return []
-    return [{"name": RAY_VOLUME_NAME, "mountPath": podenv.RAY_TEMP_DIR}]
+    return [
+        {"name": RAY_VOLUME_NAME, "mountPath": podenv.RAY_TEMP_DIR},
+        {"name": RAY_TOKEN_VOLUME, "mountPath": podenv.RAY_TOKEN_DIR, "readOnly": True},
+    ]
 
 
 def _ray_volumes(job: trainingjob.TrainingJob) -> list[dict[str, object]]:
     if job.spec.runtime != "ray":
         return []
-    return [{"name": RAY_VOLUME_NAME, "emptyDir": {}}]
+    token_volume: dict[str, object] = {
+        "name": RAY_TOKEN_VOLUME,
+        "secret": {
+            "secretName": names.ray_token_secret_name(job.metadata.name),
+            # As the manifest key: readable by the container's (any non-root)
+            # user, mounted into the trainer container only.
+            "defaultMode": 0o444,
+            "items": [{"key": podenv.RAY_TOKEN_KEY, "path": podenv.RAY_TOKEN_KEY}],
+        },
+    }
+    return [{"name": RAY_VOLUME_NAME, "emptyDir": {}}, token_volume]
 
 
 def _restricted(container: dict[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,9 @@ PODS_NOT_STARTING = "PodsNotStarting"
 """Abnormal-true: a child could not be created or a pod is stuck before its trainer runs."""
 NAME_CONFLICT = "NameConflict"
 """Abnormal-true: an object this job does not own already has a child's name."""
+STATUS_POLICY_MISSING = "StatusPolicyMissing"
+"""Abnormal-true: the status ValidatingAdmissionPolicy or its binding is absent
+(or not this operator's), so no pods start (``policygate``)."""
 PROGRESS_STALLED = "ProgressStalled"
 """Abnormal-true: no new status.step for progressDeadlineSeconds; the attempt restarts."""
 UPLOAD_FAILING = "UploadFailing"
@@ -39,6 +42,9 @@ STORAGE_REFUSED = "StorageRefused"
 """Abnormal-true: the operator does not verify, apply retention or delete under the
 job's S3 prefix (owned by another job, or refused by its S3 settings; see
 ``prefixplan``). The S3 pass posts its Event."""
+CLEANUP_FAILED = "CleanupFailed"
+"""Abnormal-true, on a job being deleted: ``onDelete: Delete`` could not empty its
+S3 prefix (``ondelete``; retried, then the finalizer goes and the objects stay)."""
 RETENTION_OVER_BUDGET = "RetentionOverBudget"
 """Abnormal-true: local retention keeps steps past keepLast/maxBytes because they
 are not uploaded yet (the writer's checkpoints.retentionOverBudget)."""
@@ -102,6 +108,7 @@ REASON_NOT_RUNNING = "NotRunning"
 REASON_FAILED_CREATE = "FailedCreate"
 REASON_INVALID_POD_SPEC = "InvalidPodSpec"
 REASON_NAME_CONFLICT = "NameConflict"
+REASON_STATUS_POLICY_MISSING = "StatusPolicyMissing"
 REASON_NO_CONFLICT = "NoConflict"
 REASON_PODS_NOT_STARTING = "PodsNotStarting"
 REASON_PODS_STARTED = "PodsStarted"
@@ -110,6 +117,8 @@ REASON_PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
 REASON_PROGRESSING = "Progressing"
 REASON_MAX_PREEMPTIONS = "MaxPreemptionsExceeded"
 REASON_EVICTED = "Evicted"
+REASON_CLEANUP_RETRYING = "CleanupRetrying"
+REASON_CLEANUP_EXHAUSTED = "CleanupAttemptsExhausted"
 REASON_CONFIG_ERROR = exitcodes.CONFIG_ERROR_REASON
 
 # --- message templates --------------------------------------------------------

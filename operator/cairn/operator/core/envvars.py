@@ -130,18 +130,29 @@ def _upload_env(upload: checkpointspec.UploadSpec) -> list[k8stypes.EnvVar]:
     return env
 
 
+RAY_TOKEN_PATH = f"{podenv.RAY_TOKEN_DIR}/{podenv.RAY_TOKEN_KEY}"
+"""Where the job's Ray token Secret is mounted (``builders``) and read."""
+
+
 def ray_env(ray: trainingjob.RaySpec) -> list[k8stypes.EnvVar]:
     """The launcher's settings (``cairn.trainer.raynode``); unset fields stay unset."""
     env: list[k8stypes.EnvVar] = [
         {"name": podenv.POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         _value(podenv.RAY_PORT, podenv.RAY_PORT_DEFAULT),
         _value(podenv.RAY_MAX_INPLACE_RESTARTS, ray.max_in_place_restarts),
+        # Token auth (docs/security.md, "Ray token auth"): the launcher enforces
+        # it from CAIRN_RAY_TOKEN_FILE; Ray's own two variables are set too, so a
+        # `ray` command run in the pod (kubectl exec) joins with the same token.
+        _value(podenv.RAY_TOKEN_FILE, RAY_TOKEN_PATH),
+        _value(podenv.RAY_AUTH_MODE, "token"),
+        _value(podenv.RAY_AUTH_TOKEN_PATH, RAY_TOKEN_PATH),
     ]
     optional: tuple[tuple[str, str | int | None], ...] = (
         (podenv.RAY_NUM_CPUS, ray.num_cpus),
         (podenv.RAY_NUM_GPUS, ray.num_gpus),
         (podenv.RAY_OBJECT_STORE_BYTES, ray.object_store_memory_bytes),
         (podenv.RAY_VERSION, ray.version),
+        (podenv.RAY_DASHBOARD, 1 if ray.dashboard else None),
     )
     env += [_value(name, value) for name, value in optional if value is not None]
     return env

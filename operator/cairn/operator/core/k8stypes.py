@@ -1,6 +1,6 @@
 """Typed shapes of the Kubernetes payloads the operator builds.
 
-Pure: TypedDicts for the subset of core/v1 and rbac/v1 objects that
+Pure: TypedDicts for the subset of core/v1, rbac/v1 and networking/v1 objects that
 ``builders`` produces and ``jobapply`` sends, and ``Event``, the one type for
 a Kubernetes Event the operator decides to post (the reconcile plan and the
 S3 pass alike; ``jobapply.post_event`` sends it). Opaque user-supplied pieces
@@ -179,9 +179,9 @@ class RoleBinding(TypedDict):
 
 
 class Secret(TypedDict):
-    """The job's manifest keyring. ``data`` is absent from what ``plan`` returns:
-    ``jobapply`` draws the key when it creates the Secret, so no key is ever
-    part of a Plan (which tests and logs print)."""
+    """The job's manifest keyring, or a ray job's Ray token. ``data`` is absent
+    from what ``plan`` returns: ``jobapply`` draws it when it creates the
+    Secret, so no key is ever part of a Plan (which tests and logs print)."""
 
     apiVersion: Literal["v1"]
     kind: Literal["Secret"]
@@ -191,9 +191,46 @@ class Secret(TypedDict):
     data: NotRequired[dict[str, str]]
 
 
-Child = Pod | Service | ServiceAccount | Role | RoleBinding | Secret
+class LabelSelector(TypedDict):
+    matchLabels: dict[str, str]
+
+
+class NetworkPolicyPeer(TypedDict):
+    podSelector: LabelSelector
+
+
+class NetworkPolicyPort(TypedDict):
+    protocol: Literal["TCP"]
+    port: int
+
+
+NetworkPolicyIngressRule = TypedDict(
+    "NetworkPolicyIngressRule",
+    {"from": NotRequired[list[NetworkPolicyPeer]], "ports": NotRequired[list[NetworkPolicyPort]]},
+)
+"""networking/v1 ingress rule (functional form: ``from`` is a Python keyword)."""
+
+
+class NetworkPolicySpec(TypedDict):
+    podSelector: LabelSelector
+    policyTypes: list[Literal["Ingress"]]
+    ingress: list[NetworkPolicyIngressRule]
+
+
+class NetworkPolicy(TypedDict):
+    """The job's network boundary (``builders.network_policy``, docs/security.md)."""
+
+    apiVersion: Literal["networking.k8s.io/v1"]
+    kind: Literal["NetworkPolicy"]
+    metadata: ObjectMeta
+    spec: NetworkPolicySpec
+
+
+Child = Pod | Service | ServiceAccount | Role | RoleBinding | Secret | NetworkPolicy
 """Everything the operator creates for a job."""
-ChildKind = Literal["Pod", "Service", "ServiceAccount", "Role", "RoleBinding", "Secret"]
+ChildKind = Literal[
+    "Pod", "Service", "ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy"
+]
 
 
 class ConditionDict(TypedDict):

@@ -40,6 +40,16 @@ def manifest_key_secret_name(job: str) -> str:
     return f"{job}-manifest-key"
 
 
+def ray_token_secret_name(job: str) -> str:
+    """A ``runtime: ray`` job's Ray auth token (docs/security.md, "Ray token auth")."""
+    return f"{job}-ray-token"
+
+
+def network_policy_name(job: str) -> str:
+    """The job's ingress boundary (docs/security.md, "The job's network boundary")."""
+    return f"{job}-ingress"
+
+
 def master_addr(*, job: str, namespace: str, attempt: int) -> str:
     """Rank 0's stable DNS name under the headless Service."""
     host = pod_name(job=job, attempt=attempt, rank=0)

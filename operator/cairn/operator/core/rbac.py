@@ -11,15 +11,16 @@ Two scopes:
 - ``NAMESPACED_RULES`` are granted where TrainingJobs are watched: cluster-wide
   through a ClusterRole + ClusterRoleBinding, or per namespace through a Role +
   RoleBinding in each watched namespace.
-- ``CLUSTER_RULES`` are cluster-scoped reads kopf needs in either mode (CRDs and
-  namespaces: names and labels only).
+- ``CLUSTER_RULES`` are cluster-scoped reads needed in either mode (kopf: CRDs and
+  namespaces, names and labels only; ``policycheck``: the status policy and its binding).
 
 Secrets: ``get`` and ``create`` (no list, no watch, no update): ``s3observe``
 reads the one Secret a job's ``upload.credentialsSecretRef`` names, by name,
 when it verifies, applies retention or cleans up the job's S3 prefix (the pods
 still get the values only through ``secretKeyRef``); ``jobapply`` creates each
-job's manifest-key Secret once and ``s3observe`` reads it, by name, to check
-manifest signatures (docs/security.md). Not granted on purpose: nodes, ``update`` (everything is
+job's manifest-key Secret (and a ray job's Ray token Secret) once and
+``s3observe`` reads the former, by name, to check manifest signatures
+(docs/security.md). Not granted on purpose: nodes, ``update`` (everything is
 created, patched or deleted; the one exception is ``trainingjobs/finalizers``, which
 ``OwnerReferencesPermissionEnforcement`` checks before it lets a child carry
 ``blockOwnerDeletion``), ``escalate``/``bind`` (the per-job Role it
@@ -60,10 +61,13 @@ NAMESPACED_RULES: Final[tuple[PolicyRule, ...]] = (
     _rule("", ["services", "serviceaccounts"], ["get", "create", "delete"]),
     # effects: the per-job Role/RoleBinding that let rank 0 patch the job's status.
     _rule("rbac.authorization.k8s.io", ["roles", "rolebindings"], ["get", "create"]),
+    # jobapply: the per-job NetworkPolicy (create; get when a create meets 409, to check
+    # its owner). No list/delete: the garbage collector deletes it with the job.
+    _rule("networking.k8s.io", ["networkpolicies"], ["get", "create"]),
     # effects: one Event per transition.
     _rule("", ["events"], ["create"]),
     # s3observe: the S3 credentials Secret a job names and the job's manifest-key
-    # Secret (by name: get); effects: creates the manifest-key Secret once.
+    # Secret (by name: get); effects: creates the manifest-key and Ray token Secrets once.
     _rule("", ["secrets"], ["get", "create"]),
 )
 
@@ -73,6 +77,13 @@ CLUSTER_RULES: Final[tuple[PolicyRule, ...]] = (
     # kopf: observes namespaces (even for explicit --namespace names, it lists
     # them at startup and retries forever on 403; measured on the devcluster).
     _rule("", ["namespaces"], ["list", "watch"]),
+    # policycheck: the status ValidatingAdmissionPolicy and its binding, by name
+    # (no pods start without them: core.policygate).
+    _rule(
+        "admissionregistration.k8s.io",
+        ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+        ["get"],
+    ),
 )
 
 

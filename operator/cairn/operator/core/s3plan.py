@@ -2,7 +2,8 @@
 
 Pure: ``s3observe`` reads the prefix into an ``Observation`` (step folders ->
 objects with size and, where the store returns one, its full-object CRC32C;
-the parsed manifests); ``plan_job`` turns it, the job's remote retention and
+per step its manifest, or in the operator's pass its verdict already judged,
+``Checked``, so no parsed manifest outlives its step); ``plan_job`` turns it, the job's remote retention and
 the steps that must stay into a ``RemotePlan``; ``storage_update`` gives the
 ``status.storage`` merge patch and the Events; ``s3apply`` carries them out;
 ``s3pass`` runs the three in order. ``pass_wanted`` says whether a job's
@@ -74,13 +75,28 @@ class ManifestError:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Checked:
+    """A step judged by an earlier pass, unchanged since (``s3observe``'s verdict cache):
+    its verdict and, for a verified step, the paths its manifest lists (what a
+    retention deletion of the step removes). Stands in for the manifest."""
+
+    verdict: Verdict
+    paths: frozenset[str] = frozenset()
+
+
+ManifestRead = manifest_mod.Manifest | ManifestError | Checked
+"""What the observe step has for a step's ``manifest.json``."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Observation:
     """What ``s3observe.observe`` saw under the prefix: the plan's S3 input."""
 
     listing: Mapping[int, StepObjects]
     """Every ``step-<N>`` folder's objects."""
-    manifests: Mapping[int, manifest_mod.Manifest | ManifestError]
-    """The read result of each folder's ``manifest.json``, where there is one."""
+    manifests: Mapping[int, ManifestRead]
+    """The read result of each folder's ``manifest.json``, where there is one (or
+    its verdict, ``Checked``, when ``s3observe`` judged the step itself)."""
     aside_steps: frozenset[int] = frozenset()
     """Steps with a manifest moved aside under ``<prefix>/.cairn/`` (superseded,
     quarantined, foreign): their data objects stay in ``step-<N>/`` and are
@@ -157,11 +173,13 @@ def verify_step(
     *,
     step: int,
     objects: StepObjects,
-    manifest: manifest_mod.Manifest | ManifestError,
+    manifest: ManifestRead,
     job_uid: str | None = None,
     keyring: manifest_mod.Keyring | None = None,
 ) -> Verdict:
     """Is the manifest this job's own, and do the step's objects match it? Pure."""
+    if isinstance(manifest, Checked):
+        return manifest.verdict
     if isinstance(manifest, ManifestError):
         return Verdict(step=step, verified=False, reason=f"manifest unreadable: {manifest.message}")
     if manifest.step != step:
@@ -269,7 +287,7 @@ def plan_job(
 def plan(
     *,
     listing: Mapping[int, StepObjects],
-    manifests: Mapping[int, manifest_mod.Manifest | ManifestError],
+    manifests: Mapping[int, ManifestRead],
     remote: checkpointspec.RemoteRetention | None,
     protected: frozenset[int] = frozenset(),
     in_flight: frozenset[int] = frozenset(),
@@ -328,16 +346,14 @@ def plan(
     )
 
 
-def _read(
-    manifests: Mapping[int, manifest_mod.Manifest | ManifestError], step: int
-) -> manifest_mod.Manifest | ManifestError:
+def _read(manifests: Mapping[int, ManifestRead], step: int) -> ManifestRead:
     return manifests.get(step, ManifestError(message="not read"))
 
 
 def _retention_deletions(
     *,
     listing: Mapping[int, StepObjects],
-    manifests: Mapping[int, manifest_mod.Manifest | ManifestError],
+    manifests: Mapping[int, ManifestRead],
     remote: checkpointspec.RemoteRetention | None,
     verified: list[Verdict],
     keep: set[int],
@@ -361,18 +377,34 @@ def _retention_deletions(
     ]
 
 
-def _listed_keys(
-    objects: StepObjects, manifest: manifest_mod.Manifest | ManifestError
-) -> list[str]:
+def _listed_keys(objects: StepObjects, manifest: ManifestRead) -> list[str]:
     """The manifest and exactly the objects it lists (present ones). Pure.
 
     Objects of other attempts under the same step (a zombie's upload, a
     superseded lineage's data) are not this step's to delete.
     """
-    if not isinstance(manifest, manifest_mod.Manifest):
+    if isinstance(manifest, Checked):
+        listed: frozenset[str] | set[str] = manifest.paths
+    elif isinstance(manifest, manifest_mod.Manifest):
+        listed = manifest_data_keys(manifest)
+    else:
         return list(objects)
-    listed = {manifest.data_key(entry.path) for entry in manifest.files}
     return [p for p in objects if p == manifest_mod.MANIFEST_NAME or p in listed]
+
+
+def manifest_data_keys(manifest: manifest_mod.Manifest) -> set[str]:
+    """The step-relative paths of the files a manifest lists. Pure."""
+    return {manifest.data_key(entry.path) for entry in manifest.files}
+
+
+def checked(verdict: Verdict, manifest: ManifestRead) -> Checked:
+    """What the verdict cache keeps of a judged step: the verdict, and the listed
+    paths only for a verified step (only those are ever deleted). Pure."""
+    if isinstance(manifest, Checked):
+        return manifest
+    if verdict.verified and isinstance(manifest, manifest_mod.Manifest):
+        return Checked(verdict=verdict, paths=frozenset(manifest_data_keys(manifest)))
+    return Checked(verdict=verdict)
 
 
 def storage_update(

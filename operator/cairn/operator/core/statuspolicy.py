@@ -2,19 +2,39 @@
 
 Pure data, plus ``main`` that writes it. RBAC can name one object
 (the per-job Role grants ``get``/``patch`` on ``trainingjobs/status`` of its
-own job only) but not fields: without this policy the trainer's token could
-set ``phase: Succeeded``, reset ``restarts`` or bump ``attempt``, which the
-operator treats as its own record. This policy (CEL, evaluated in the API
-server, no webhook; ``admissionregistration.k8s.io/v1``, GA since
-Kubernetes 1.30) applies to requests whose user is the job's own trainer
-ServiceAccount (``names.service_account_name``) and refuses:
+own job only) but not fields, and it binds a ServiceAccount, which other
+pods (another job sharing it, any pod created with it) can run as. Without
+this policy such a token could set ``phase: Succeeded``, reset ``restarts``
+or bump ``attempt``, which the operator treats as its own record. This
+policy (CEL, evaluated in the API server, no webhook;
+``admissionregistration.k8s.io/v1``, GA since Kubernetes 1.30) applies to
+every write (``MATCH``) by the job's ServiceAccount (``TRAINER_USER``,
+whichever pod its token is bound to, so a ServiceAccount shared with other
+jobs or workloads does not widen it) or with a token bound to a pod named
+like one of the job's pods (``JOB_POD_TOKEN``, whatever its ServiceAccount),
+and refuses:
 
+- a token that is not bound to the job's current writer pod: its
+  ``authentication.kubernetes.io/pod-name`` claim (the bound pod's name,
+  which the API server puts in ``request.userInfo.extra`` from the token and
+  checks against a living pod with the bound UID) must be the rank-0 pod
+  name the operator gives the current attempt (``names.pod_name`` of
+  ``status.attempt``, read from the old object). Why the name: a pod's
+  ownerReferences and labels are not visible to admission CEL, only the
+  request, the job and its old version are; a pod name is unique in its
+  namespace and the operator creates that name right after it records the
+  attempt in status, so a stranger can hold it only by creating it first,
+  and then the operator's own create fails (``NameConflict``, no attempt
+  starts). docs/security.md has the residual.
 - any write that is not to the ``status`` subresource;
 - a change of any status field other than ``WRITER_FIELDS`` (``step``,
   ``checkpoints`` and ``ray``): every other key of the old and the new status must be
   equal, so a field added later is protected by default;
-- ``checkpoints.lastUploaded.verified: true``: only the operator verifies
-  (it reads the step back from S3 into ``status.storage``).
+- a claim of verification anywhere in the writer fields (``verified_claims``,
+  found in the CRD schema: a property named ``verified*`` set, or an enum
+  value ``verified`` chosen, e.g. ``checkpoints.lastUploaded.verified`` and
+  ``checkpoints.history[].state``): only the operator verifies (it reads the
+  step back from S3 into ``status.storage``).
 
 Shipped twice from the same dicts: ``crds/cairn.dev_status-policy.yaml``
 (applied wherever the CRD is applied; ``python -m cairn.operator.core.statuspolicy``
@@ -29,7 +49,7 @@ from typing import Any, Final
 
 import yaml
 
-from cairn.api import trainingjob
+from cairn.api import crdgen, trainingjob
 from cairn.operator.core import names
 
 POLICY_NAME: Final = f"{trainingjob.PLURAL}-status-writer.{trainingjob.GROUP}"
@@ -42,24 +62,102 @@ HEADER: Final = (
     " Do not edit.\n"
 )
 
-_TRAINER_SUFFIX = names.service_account_name("")
 _WRITER_LIST = "[" + ", ".join(f"'{field}'" for field in WRITER_FIELDS) + "]"
+POD_NAME_CLAIM: Final = "authentication.kubernetes.io/pod-name"
+"""The bound pod's name in a ServiceAccount token's ``userInfo.extra``
+(Kubernetes >= 1.30; measured on the devcluster's v1.34.3)."""
+WRITER_RANK: Final = 0
+ATTEMPT_INFIX: Final = "-a"
+RANK_INFIX: Final = "-n"
+"""``names.pod_name`` is ``<job>-a<attempt>-n<rank>`` (a unit test keeps them equal)."""
 
+_TRAINER_SUFFIX = names.service_account_name("")
 TRAINER_USER: Final = (
     "request.userInfo.username == 'system:serviceaccount:' + object.metadata.namespace + ':' + "
     "(has(object.spec.template) && has(object.spec.template.serviceAccountName) ? "
     f"object.spec.template.serviceAccountName : object.metadata.name + '{_TRAINER_SUFFIX}')"
 )
-"""CEL: the request comes from this job's own trainer ServiceAccount: the one
-its pods run as (``spec.template.serviceAccountName``, which the operator binds
-the status-writer Role to, else ``<job>-trainer``)."""
+"""CEL: the request comes from the job's own pod ServiceAccount
+(``spec.template.serviceAccountName``, else ``<job>-trainer``), whichever pod
+(or none) its token is bound to: a ServiceAccount shared with another job or
+workload is matched, then refused unless the token is this job's writer pod's."""
+
+TOKEN_POD: Final = (
+    f"'{POD_NAME_CLAIM}' in request.userInfo.extra && "
+    f"size(request.userInfo.extra['{POD_NAME_CLAIM}']) == 1 ? "
+    f"request.userInfo.extra['{POD_NAME_CLAIM}'][0] : ''"
+)
+"""CEL: the pod the token is bound to ('' for a token bound to none)."""
+
+JOB_POD_TOKEN: Final = (
+    f"({TOKEN_POD}).matches('^' + object.metadata.name + "
+    f"'{ATTEMPT_INFIX}[0-9]+{RANK_INFIX}[0-9]+$')"
+)
+"""CEL: the token is bound to a pod named like one of this job's rank pods,
+whatever its ServiceAccount (job names are DNS labels: no regex metacharacter
+but ``-``, literal outside brackets)."""
+
+MATCH: Final = f"{TRAINER_USER} || {JOB_POD_TOKEN}"
+"""Who is confined: the job's ServiceAccount, and any pod claiming to be one
+of the job's pods. Everyone else (the operator, users, their automation) is
+left to RBAC, which grants a job's status to the operator and, through the
+per-job RoleBinding, to the job's ServiceAccount only."""
+
+WRITER_POD: Final = (
+    f"object.metadata.name + '{ATTEMPT_INFIX}' + "
+    f"string(variables.old.?attempt.orValue(0)) + '{RANK_INFIX}{WRITER_RANK}'"
+)
+"""CEL: the current attempt's rank-0 pod name (``names.pod_name``)."""
+
+
+def _verified_claims(
+    node: dict[str, Any], *, value: str, path: str, depth: int
+) -> list[tuple[str, str]]:
+    """(CEL that holds when ``value`` claims no verification, path) for every
+    ``verified*`` property and ``verified`` enum value below ``node``."""
+    found: list[tuple[str, str]] = []
+    for key, child in node.get("properties", {}).items():
+        here = f"{path}.{key}"
+        if key.lower().startswith("verified"):
+            if child.get("type") == "boolean":
+                found.append((f"!{value}.?{key}.orValue(false)", here))
+            else:
+                found.append((f"!{value}.?{key}.hasValue()", here))
+        elif "verified" in child.get("enum", ()):
+            found.append((f"{value}.?{key}.orValue('') != 'verified'", here))
+        elif child.get("type") == "object":
+            inner = _verified_claims(child, value=f"{value}.{key}", path=here, depth=depth)
+            found += [(f"!has({value}.{key}) || {rule}", where) for rule, where in inner]
+        elif child.get("type") == "array" and "items" in child:
+            item = f"x{depth}"
+            inner = _verified_claims(child["items"], value=item, path=f"{here}[]", depth=depth + 1)
+            found += [(f"{value}.?{key}.orValue([]).all({item}, {rule})", w) for rule, w in inner]
+    return found
+
+
+def verified_claims() -> list[tuple[str, str]]:
+    """(CEL over ``variables.new``, status path) for every place in the
+    writer fields where a value could claim verification (CRD schema walk)."""
+    status = crdgen.openapi_schema()["properties"]["status"]
+    writer = {"properties": {k: v for k, v in status["properties"].items() if k in WRITER_FIELDS}}
+    return _verified_claims(writer, value="variables.new", path="status", depth=0)
 
 
 def _validations() -> list[dict[str, str]]:
     only = "the trainer may change only " + " and ".join(f"status.{f}" for f in WRITER_FIELDS)
     writer = "k in variables.writerFields"
     kept = "(k in variables.new && variables.new[k] == variables.old[k])"
+    pod = (
+        "'only the job\\'s current writer pod ' + variables.writerPod + ' may write its status; "
+        "this token is ' + (variables.tokenPod == '' ? 'bound to no pod' : "
+        "'bound to pod ' + variables.tokenPod)"
+    )
     return [
+        {
+            "expression": "variables.tokenPod == variables.writerPod",
+            "messageExpression": pod,
+            "reason": "Forbidden",
+        },
         {
             "expression": "request.subResource == 'status'",
             "message": "the trainer's ServiceAccount may only write the status subresource",
@@ -79,12 +177,14 @@ def _validations() -> list[dict[str, str]]:
             f"variables.new.filter(k, !({writer}) && !(k in variables.old)).join(', status.')",
             "reason": "Forbidden",
         },
+    ] + [
         {
-            "expression": "!object.?status.?checkpoints.?lastUploaded.?verified.orValue(false)",
-            "message": "only the operator verifies uploads (status.storage): the trainer may "
-            "not set status.checkpoints.lastUploaded.verified",
+            "expression": rule,
+            "message": f"only the operator verifies uploads (status.storage): the writer may "
+            f"not claim verification in {path}",
             "reason": "Forbidden",
-        },
+        }
+        for rule, path in verified_claims()
     ]
 
 
@@ -107,12 +207,14 @@ def policy() -> dict[str, Any]:
                 ]
             },
             "matchConditions": [
-                {"name": "job-trainer-service-account", "expression": TRAINER_USER}
+                {"name": "job-service-account-or-job-pod", "expression": MATCH},
             ],
             "variables": [
                 {"name": "writerFields", "expression": _WRITER_LIST},
                 {"name": "old", "expression": "oldObject.?status.orValue({})"},
                 {"name": "new", "expression": "object.?status.orValue({})"},
+                {"name": "tokenPod", "expression": TOKEN_POD},
+                {"name": "writerPod", "expression": WRITER_POD},
             ],
             "validations": _validations(),
         },

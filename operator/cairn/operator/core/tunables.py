@@ -29,12 +29,21 @@ class S3:
     read_timeout_seconds: float = 20.0
     delete_batch: int = 1000
     """Keys per DeleteObjects call (S3's own limit is 1000)."""
-    manifest_max_bytes: int = 16 * 1024 * 1024
-    """A manifest object larger than this is read truncated and fails to parse."""
+    manifest_max_bytes: int = 2 * 1024 * 1024
+    """A manifest object larger than this is refused unread (its listed size) or, if it
+    grew after the listing, after reading this many bytes plus one: never read whole.
+    Reading and parsing cost up to ~15x its bytes (measured), so this bounds one
+    pass's manifest memory (~30 MiB)."""
+    manifest_max_entries: int = 16384
+    """A manifest listing more files than this is refused (each costs a HEAD per pass)."""
+    list_max_keys: int = 20000
+    """Objects one pass lists under a prefix; past it the pass stops (``lastError``),
+    deletes nothing and verifies nothing (~250 bytes of operator memory per key)."""
     head_cache_entries: int = 20000
     """Full-object CRC32Cs remembered per job, per (key, ETag), before the cache starts over."""
     manifest_cache_entries: int = 2000
-    """Parsed manifests remembered per job, per (key, ETag): an unchanged one is read once."""
+    """Step verdicts remembered per job, per (manifest ETag, the step's listing): an
+    unchanged step is judged once. Verdicts, never parsed manifests, are kept."""
     client_cache_entries: int = 64
     """S3 clients kept per (endpoint, region, key pair), least recently used dropped."""
 
@@ -46,6 +55,8 @@ class S3:
             "read_timeout_seconds",
             "delete_batch",
             "manifest_max_bytes",
+            "manifest_max_entries",
+            "list_max_keys",
             "head_cache_entries",
             "manifest_cache_entries",
             "client_cache_entries",
@@ -66,10 +77,22 @@ class StorageLoop:
     """From a newly reported ``lastUploaded`` step to the pass that verifies it."""
     threads: int = 4
     """Worker threads for boto3 (passes at once), apart from the reconcile loops' threads."""
+    pass_deadline_seconds: float = 120.0
+    """One job's pass stops starting S3 calls past this (``lastError`` says so); a pass
+    still running at it is reported abandoned (one call is bounded by ``S3``'s timeouts)."""
+    slow_after_seconds: float = 10.0
+    """A pass running this long marks its endpoint slow (``core.s3fair``): a slow or not
+    yet proven endpoint gets one pass at a time, and all of them together ``slow_share``."""
+    slow_share: float = 0.5
+    """Fraction of ``threads`` (at least one, never all but where ``threads`` is 1) that
+    slow and unproven endpoints may hold at once: the rest always serve healthy ones."""
     cleanup_attempts: int = 5
     """Failed ``onDelete: Delete`` attempts before ``CleanupFailed`` releases the job."""
     cleanup_backoff_seconds: float = 2.0
-    """First delay between cleanup attempts; doubles after each (2, 4, 8, 16 s)."""
+    """First delay between cleanup attempts; doubles after each (about 2, 4, 8,
+    16 s, each less up to half at random: ``core.backoff``)."""
+    cleanup_backoff_cap_seconds: float = 60.0
+    """No delay between two cleanup attempts exceeds this."""
 
     def __post_init__(self) -> None:
         _positive(
@@ -78,9 +101,18 @@ class StorageLoop:
             "initial_delay_seconds",
             "kick_delay_seconds",
             "threads",
+            "pass_deadline_seconds",
+            "slow_after_seconds",
             "cleanup_attempts",
             "cleanup_backoff_seconds",
+            "cleanup_backoff_cap_seconds",
         )
+        if self.cleanup_backoff_cap_seconds < self.cleanup_backoff_seconds:
+            raise ValueError(
+                "StorageLoop.cleanup_backoff_cap_seconds must be >= cleanup_backoff_seconds"
+            )
+        if not 0 < self.slow_share <= 1:
+            raise ValueError("StorageLoop.slow_share must be in (0, 1]")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -97,7 +129,15 @@ class Reconcile:
     """Longest wait for the pods a reconcile created to show in the watch before
     the next plan (then it plans from the pod cache as it is)."""
     error_retry_seconds: float = 5.0
-    """After a reconcile that failed with an API error."""
+    """After a reconcile that failed with an API or transport error: the first
+    delay of the job's own jittered backoff (``core.backoff``)."""
+    error_backoff_cap_seconds: float = 60.0
+    """The reconcile backoff doubles per consecutive failure up to this."""
+    error_jitter: float = 0.5
+    """Fraction of each reconcile retry delay drawn at random, so every job's
+    daemon does not come back at the same moment after an API server outage."""
+    retry_after_cap_seconds: float = 120.0
+    """The API server's ``Retry-After`` (429/503) is honoured up to this."""
     stop_timeout_seconds: float = 10.0
     """A stopped loop (the job finished, the operator stops) may finish the
     reconcile it is in for this long before it is cancelled."""
@@ -107,21 +147,36 @@ class Reconcile:
     api_threads: int = 16
     """Worker threads (and pooled connections) for the Kubernetes client calls of
     every job's reconcile: they mostly wait on the API server."""
+    api_connect_timeout_seconds: float = 10.0
+    api_read_timeout_seconds: float = 60.0
+    """Every API call the operator makes through ``kubeapi`` without its own
+    ``_request_timeout`` gets these: a frozen or half-open API server
+    connection fails the call (then the reconcile backs off) instead of
+    holding one of ``api_threads`` for ever. The read timeout bounds the wait
+    between bytes, not a long list's total time."""
 
     def __post_init__(self) -> None:
         _positive(
             self,
             "api_threads",
+            "api_connect_timeout_seconds",
+            "api_read_timeout_seconds",
             "resync_seconds",
             "min_requeue_seconds",
             "expectation_seconds",
             "error_retry_seconds",
+            "error_backoff_cap_seconds",
+            "retry_after_cap_seconds",
             "stop_timeout_seconds",
             "pod_gone_margin_seconds",
             "pod_gone_poll_seconds",
         )
         if not 0 <= self.resync_jitter < 1:
             raise ValueError("Reconcile.resync_jitter must be in [0, 1)")
+        if not 0 <= self.error_jitter <= 1:
+            raise ValueError("Reconcile.error_jitter must be in [0, 1]")
+        if self.error_backoff_cap_seconds < self.error_retry_seconds:
+            raise ValueError("Reconcile.error_backoff_cap_seconds must be >= error_retry_seconds")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
