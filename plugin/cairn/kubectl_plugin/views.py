@@ -9,7 +9,7 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from cairn.api import jobstatus
+from cairn.api import jobstatus, podidentity
 
 FIELD_MANAGER = "kubectl-cairn"
 LOCAL_STATES = frozenset({"committed", "uploaded", "verified"})
@@ -206,23 +206,20 @@ def foreign_reason(pod: dict[str, Any], *, job: dict[str, Any]) -> str | None:
     """Why a pod labelled with the job's name is not the job's; None: it is.
 
     Labels prove nothing (anyone who may create a pod can copy them): the
-    job's pods are those whose controller ownerReference is the job's UID and
-    whose name is ``<job>-a<attempt>-n<rank>``, the rule the operator uses
-    (``cairn.operator.core.podowner``), so a decoy's logs are never shown as
-    a rank's.
+    operator's rule (``cairn.api.podidentity``) decides, so a decoy's logs are
+    never shown as a rank's.
     """
     meta = pod.get("metadata", {})
     labels = meta.get("labels") or {}
     job_meta = job.get("metadata", {})
-    controllers = [r for r in meta.get("ownerReferences") or [] if r.get("controller")]
-    if not controllers or controllers[0].get("uid") != job_meta.get("uid"):
-        return "not owned by the job"
-    expected = (
-        f"{job_meta.get('name')}-a{labels.get('cairn.dev/attempt')}-n{labels.get('cairn.dev/rank')}"
+    return podidentity.why_foreign(
+        name=str(meta.get("name", "")),
+        attempt=podidentity.int_label(labels, podidentity.LABEL_ATTEMPT),
+        rank=podidentity.int_label(labels, podidentity.LABEL_RANK),
+        controller=podidentity.controller_uid(meta),
+        job_name=str(job_meta.get("name", "")),
+        job_uid=str(job_meta.get("uid", "")),
     )
-    if meta.get("name") != expected:
-        return f"not named {expected}"
-    return None
 
 
 def own_pods(
@@ -241,12 +238,12 @@ def own_pods(
 
 
 def pod_selector(*, job: str, attempt: int | None, rank: int | None) -> str:
-    """Label selector of the job's pods (cairn.operator.core.names' labels)."""
-    parts = [f"cairn.dev/job-name={job}"]
+    """Label selector of the job's pods (``cairn.api.podidentity``'s labels)."""
+    parts = [f"{podidentity.LABEL_JOB}={job}"]
     if attempt is not None:
-        parts.append(f"cairn.dev/attempt={attempt}")
+        parts.append(f"{podidentity.LABEL_ATTEMPT}={attempt}")
     if rank is not None:
-        parts.append(f"cairn.dev/rank={rank}")
+        parts.append(f"{podidentity.LABEL_RANK}={rank}")
     return ",".join(parts)
 
 

@@ -367,7 +367,7 @@ def test_logs_of_current_attempt(
 ) -> None:
     code, out = run(devcluster, namespace, "logs", finished_pods)
     assert code == 0
-    assert "ignored pod llm-decoy (not owned by the job)" in capsys.readouterr().err
+    assert "ignored pod llm-decoy (it has no controller ownerReference)" in capsys.readouterr().err
     assert out.splitlines() == [
         "[rank 0] attempt 2 rank 0 line 1",
         "[rank 0] attempt 2 rank 0 line 2",
@@ -387,7 +387,7 @@ def test_logs_of_current_attempt(
     # The decoy (labels of attempt 2 rank 0, no ownerReference): listed apart, never a rank.
     pods_section = described.split("Pods:", 1)[1].split("Not the job's", 1)[0]
     assert "llm-decoy" not in pods_section
-    assert "llm-decoy (not owned by the job)" in described
+    assert "llm-decoy (it has no controller ownerReference)" in described
 
 
 def test_kubectl_finds_the_plugin_on_path(

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from cairn.api import podenv
+from cairn.kubectl_plugin import views
 from cairn.operator.core import builders, jobobserve, jobplan, kueueplan, names, podowner
 
 from . import jobs
@@ -107,9 +108,22 @@ def test_the_operators_own_pods_are_the_jobs(runtime: str) -> None:
 def test_a_labelled_pod_is_not_the_jobs(
     name: str, owners: list[dict[str, Any]] | None, why: str
 ) -> None:
-    pod = _parsed(_raw_pod(name, owners=owners))
+    raw = _raw_pod(name, owners=owners)
+    pod = _parsed(raw)
     assert not _owns(pod)
     assert podowner.why_foreign(pod, job_name="demo", job_uid=jobs.JOB_UID) == why
+    # `kubectl cairn logs/describe` judge the same pod the same way (one rule).
+    job = {"metadata": {"name": "demo", "uid": jobs.JOB_UID}}
+    assert views.foreign_reason(raw, job=job) == why
+
+
+def test_the_plugin_shows_the_jobs_own_pod_and_sets_a_decoy_apart() -> None:
+    own = builders.pod(jobs.job(), attempt=2, rank=1, resume=podenv.ResumeTarget(kind="latest"))
+    decoy = _raw_pod("decoy", attempt="2", rank="x", owners=[_owner(jobs.JOB_UID)])
+    job = {"metadata": {"name": "demo", "uid": jobs.JOB_UID}}
+    shown, apart = views.own_pods(job, [dict(own), decoy])
+    assert shown == [own]
+    assert apart == ["decoy (its attempt or rank label is not a number)"]
 
 
 def test_a_job_without_a_uid_owns_nothing() -> None:

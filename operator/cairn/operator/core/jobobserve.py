@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from cairn.api import jobstatus, trainingjob
+from cairn.api import jobstatus, podidentity, trainingjob
 from cairn.operator.core import kueueplan, names
 
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
@@ -158,11 +158,6 @@ def _summarize(error: pydantic.ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _int_label(labels: Mapping[str, str], key: str) -> int | None:
-    value = labels.get(key, "")
-    return int(value) if value.isdigit() else None
-
-
 def _parse_time(value: object) -> datetime.datetime | None:
     if isinstance(value, datetime.datetime):
         return value
@@ -175,8 +170,8 @@ def parse_pod(body: Mapping[str, Any]) -> ObservedPod | None:
     """One pod of a job; None for a pod without Cairn's attempt/rank labels."""
     metadata = body.get("metadata") or {}
     labels = metadata.get("labels") or {}
-    attempt = _int_label(labels, names.LABEL_ATTEMPT)
-    rank = _int_label(labels, names.LABEL_RANK)
+    attempt = podidentity.int_label(labels, names.LABEL_ATTEMPT)
+    rank = podidentity.int_label(labels, names.LABEL_RANK)
     if attempt is None or rank is None:
         return None
     status = body.get("status") or {}
@@ -229,17 +224,8 @@ def parse_pod(body: Mapping[str, Any]) -> ObservedPod | None:
         termination_message=message,
         pod_reason=status.get("reason"),
         pod_message=str(status.get("message") or ""),
-        controller_uid=controller_uid(metadata),
+        controller_uid=podidentity.controller_uid(metadata),
     )
-
-
-def controller_uid(metadata: Mapping[str, Any]) -> str | None:
-    """UID of the controller ownerReference in ``metadata`` (at most one is
-    allowed by the API server); None without one."""
-    for owner in metadata.get("ownerReferences") or ():
-        if isinstance(owner, Mapping) and owner.get("controller") is True:
-            return str(owner.get("uid") or "") or None
-    return None
 
 
 def _waiting(status: Mapping[str, Any]) -> tuple[str | None, str]:

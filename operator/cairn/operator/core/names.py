@@ -5,21 +5,19 @@ after a crash hits 409 instead of making a duplicate, and the attempt label
 separates an old gang from the new one.
 """
 
-from cairn.api import trainingjob
+from cairn.api import podidentity, trainingjob
 
-LABEL_JOB = "cairn.dev/job-name"
-LABEL_ATTEMPT = "cairn.dev/attempt"
-LABEL_RANK = "cairn.dev/rank"
+# The labels and the pod name are shared with the kubectl plugin (one rule
+# for "the job's own pod": ``cairn.api.podidentity``).
+LABEL_JOB = podidentity.LABEL_JOB
+LABEL_ATTEMPT = podidentity.LABEL_ATTEMPT
+LABEL_RANK = podidentity.LABEL_RANK
+pod_name = podidentity.pod_name
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "cairn"
 CONTAINER = "trainer"
 PORT_NAME = "c10d"
 FIELD_MANAGER = "cairn-operator"
-
-
-def pod_name(*, job: str, attempt: int, rank: int) -> str:
-    """``<job>-a<attempt>-n<rank>``: also the pod's hostname (a DNS label)."""
-    return f"{job}-a{attempt}-n{rank}"
 
 
 def service_name(job: str) -> str:

@@ -5,7 +5,7 @@ Pure. Labels say nothing about who made a pod: anyone who may create a pod
 in the namespace can copy ``cairn.dev/job-name``, ``cairn.dev/attempt`` and
 ``cairn.dev/rank``. A pod labelled with a job's name is that job's own only
 if its controller ownerReference is the job's UID and its name is the one
-``names.pod_name`` gives its attempt and rank (``builders.pod`` sets both;
+``podidentity.pod_name`` gives its attempt and rank (``builders.pod`` sets both;
 Ray heads and workers are the same pods). Any other such pod is *foreign*:
 ``jobplan.plan`` attaches the observed pods first (``attach``), so no decision
 (phase, attempt, stale status, suspend, deadlines, Kueue hold, deletes)
@@ -16,7 +16,8 @@ pod lists (onDelete, the Kueue quota release).
 
 import dataclasses
 
-from cairn.operator.core import jobobserve, k8stypes, names
+from cairn.api import podidentity
+from cairn.operator.core import jobobserve, k8stypes
 
 REASON_FOREIGN_POD = "ForeignPod"
 MSG_FOREIGN_POD = (
@@ -30,14 +31,14 @@ over several reconciles, not in one burst."""
 
 def why_foreign(pod: jobobserve.ObservedPod, *, job_name: str, job_uid: str) -> str | None:
     """Why ``pod`` (labelled with ``job_name``) is not the job's; None: it is."""
-    if pod.controller_uid is None:
-        return "it has no controller ownerReference"
-    if not job_uid or pod.controller_uid != job_uid:
-        return "its controller ownerReference is not this job"
-    expected = names.pod_name(job=job_name, attempt=pod.attempt, rank=pod.rank)
-    if pod.name != expected:
-        return f"the operator names attempt {pod.attempt} rank {pod.rank} {expected}"
-    return None
+    return podidentity.why_foreign(
+        name=pod.name,
+        attempt=pod.attempt,
+        rank=pod.rank,
+        controller=pod.controller_uid,
+        job_name=job_name,
+        job_uid=job_uid,
+    )
 
 
 def owns(pod: jobobserve.ObservedPod, *, job_name: str, job_uid: str) -> bool:
