@@ -6,7 +6,7 @@ containers of a pod with a sidecar start while the sidecar runs (the
 devcluster case: tests/integration/operator/test_pod_security.py).
 """
 
-from cairn.devcluster.agent import podstatus, runtime
+from cairn.devcluster.agent import podstatus
 
 
 def _init(*, sidecar: bool) -> podstatus.Container:
@@ -18,16 +18,16 @@ def _init(*, sidecar: bool) -> podstatus.Container:
 
 def test_regular_init_blocks_until_done() -> None:
     init = _init(sidecar=False)
-    assert runtime._blocks_start(init) and not runtime._is_sidecar(init)
+    assert podstatus.blocks_start(init) and not podstatus.is_sidecar(init)
     init.done = True
-    assert not runtime._blocks_start(init)
+    assert not podstatus.blocks_start(init)
 
 
 def test_sidecar_blocks_only_until_started() -> None:
     sidecar = _init(sidecar=True)
-    assert runtime._is_sidecar(sidecar) and runtime._blocks_start(sidecar)
+    assert podstatus.is_sidecar(sidecar) and podstatus.blocks_start(sidecar)
     sidecar.restart_count = 1  # it ran once and is in back-off now
-    assert runtime._started(sidecar)
-    assert not runtime._blocks_start(sidecar)
+    assert podstatus.started(sidecar)
+    assert not podstatus.blocks_start(sidecar)
     app = podstatus.Container(spec={"name": "a", "restartPolicy": "Always"}, init=False)
-    assert not runtime._is_sidecar(app), "restartPolicy on an app container is not a sidecar"
+    assert not podstatus.is_sidecar(app), "restartPolicy on an app container is not a sidecar"

@@ -142,3 +142,21 @@ def with_transition_times(*, status: Obj, previous: Obj | None, at: str) -> Obj:
         stamp = old["lastTransitionTime"] if same and old else at
         conditions.append({**condition, "lastTransitionTime": stamp})
     return {**status, "conditions": conditions}
+
+
+def is_sidecar(container: Container) -> bool:
+    """A native sidecar: an init container with restartPolicy Always (1.29+)."""
+    return container.init and container.spec.get("restartPolicy") == "Always"
+
+
+def started(container: Container) -> bool:
+    """Whether the container ever ran (running now, or restarted before)."""
+    return container.process is not None or container.restart_count > 0
+
+
+def blocks_start(container: Container) -> bool:
+    """Whether this init container still holds back the ones after it: a
+    regular one until it finished, a sidecar until it started."""
+    if is_sidecar(container):
+        return not container.done and not started(container)
+    return not container.done

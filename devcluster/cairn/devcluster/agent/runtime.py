@@ -162,10 +162,10 @@ class PodWorker:
                     )
                 next_refresh = time.monotonic() + token_refresh
             for sidecar in inits:
-                if _is_sidecar(sidecar) and _started(sidecar):
+                if podstatus.is_sidecar(sidecar) and podstatus.started(sidecar):
                     self._step(sidecar, policy="Always")
-            pending_init = next((c for c in inits if _blocks_start(c)), None)
-            if pending_init is not None and _is_sidecar(pending_init):
+            pending_init = next((c for c in inits if podstatus.blocks_start(c)), None)
+            if pending_init is not None and podstatus.is_sidecar(pending_init):
                 self._step(pending_init, policy="Always")
             elif pending_init is not None:
                 self._step(pending_init, policy="Never" if policy == "Never" else "OnFailure")
@@ -479,23 +479,6 @@ class PodWorker:
             self.ctx.release_index(index)
             self.address = None
             self.ctx.hosts_changed()
-
-
-def _is_sidecar(container: podstatus.Container) -> bool:
-    """A native sidecar: an init container with restartPolicy Always (1.29+)."""
-    return container.init and container.spec.get("restartPolicy") == "Always"
-
-
-def _started(container: podstatus.Container) -> bool:
-    return container.process is not None or container.restart_count > 0
-
-
-def _blocks_start(container: podstatus.Container) -> bool:
-    """Whether this init container still holds back the ones after it: a
-    regular one until it finished, a sidecar until it started."""
-    if _is_sidecar(container):
-        return not container.done and not _started(container)
-    return not container.done
 
 
 def _tail(path: str, limit: int) -> bytes:
