@@ -84,12 +84,15 @@ def owner_reference(job: trainingjob.TrainingJob) -> k8stypes.OwnerReference:
 
 
 def _meta(
-    job: trainingjob.TrainingJob, *, name: str, labels: dict[str, str]
+    job: trainingjob.TrainingJob, *, name: str, labels: dict[str, str] | None = None
 ) -> k8stypes.ObjectMeta:
+    """A child's metadata: its name, the job's namespace and controller
+    ownerReference, and the job's owner labels unless ``labels`` (pods) says
+    otherwise."""
     return {
         "name": name,
         "namespace": job.metadata.namespace,
-        "labels": labels,
+        "labels": names.owner_labels(job.metadata.name) if labels is None else labels,
         "ownerReferences": [owner_reference(job)],
     }
 
@@ -99,7 +102,7 @@ def service_account(job: trainingjob.TrainingJob) -> k8stypes.ServiceAccount:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": _meta(job, name=name, labels=names.owner_labels(job.metadata.name)),
+        "metadata": _meta(job, name=name),
     }
 
 
@@ -108,11 +111,7 @@ def role(job: trainingjob.TrainingJob) -> k8stypes.Role:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _meta(
-            job,
-            name=names.role_name(job.metadata.name),
-            labels=names.owner_labels(job.metadata.name),
-        ),
+        "metadata": _meta(job, name=names.role_name(job.metadata.name)),
         "rules": [
             {
                 "apiGroups": [trainingjob.GROUP],
@@ -128,11 +127,7 @@ def role_binding(job: trainingjob.TrainingJob) -> k8stypes.RoleBinding:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _meta(
-            job,
-            name=names.role_name(job.metadata.name),
-            labels=names.owner_labels(job.metadata.name),
-        ),
+        "metadata": _meta(job, name=names.role_name(job.metadata.name)),
         "roleRef": {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": "Role",
@@ -161,11 +156,7 @@ def service(job: trainingjob.TrainingJob) -> k8stypes.Service:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(
-            job,
-            name=names.service_name(job.metadata.name),
-            labels=names.owner_labels(job.metadata.name),
-        ),
+        "metadata": _meta(job, name=names.service_name(job.metadata.name)),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -183,11 +174,7 @@ def manifest_key_secret(job: trainingjob.TrainingJob) -> k8stypes.Secret:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _meta(
-            job,
-            name=names.manifest_key_secret_name(job.metadata.name),
-            labels=names.owner_labels(job.metadata.name),
-        ),
+        "metadata": _meta(job, name=names.manifest_key_secret_name(job.metadata.name)),
         "type": "Opaque",
     }
 
@@ -197,11 +184,7 @@ def ray_token_secret(job: trainingjob.TrainingJob) -> k8stypes.Secret:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _meta(
-            job,
-            name=names.ray_token_secret_name(job.metadata.name),
-            labels=names.owner_labels(job.metadata.name),
-        ),
+        "metadata": _meta(job, name=names.ray_token_secret_name(job.metadata.name)),
         "type": "Opaque",
         # Ray processes read the token when they start: a token changed under a
         # running attempt would lock its new worker processes out. Rotate by
@@ -224,11 +207,7 @@ def network_policy(job: trainingjob.TrainingJob) -> k8stypes.NetworkPolicy:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _meta(
-            job,
-            name=names.network_policy_name(job.metadata.name),
-            labels=names.owner_labels(job.metadata.name),
-        ),
+        "metadata": _meta(job, name=names.network_policy_name(job.metadata.name)),
         "spec": {"podSelector": own_pods, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
