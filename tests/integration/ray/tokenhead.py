@@ -1,25 +1,18 @@
-"""A Ray head started the way the pods start it answers only to the job's token.
+"""A Ray head started the way a ray job's rank-0 pod starts it, and clients probing it (not tests).
 
-One real head (no mocks): ``python -m cairn.trainer.raynode -- <driver>`` with
-the env the operator gives a ray job's rank-0 pod, the token in a 0444 file
-named by ``CAIRN_RAY_TOKEN_FILE`` (the Secret's mount), and a user env that
-tries to turn auth off (``RAY_AUTH_MODE=disabled``, a ``RAY_AUTH_TOKEN`` of its
-own): the launcher still starts Ray with the job's token, and its driver
-(``ray.init()`` with ``RAY_ADDRESS``) runs a task. Then clients in processes of
-their own, as a pod outside the job would connect:
+For `tests/e2e/test_adversary.py`'s Ray token cases. One real head (no
+mocks): ``python -m cairn.trainer.raynode -- <driver>`` with the env the
+operator gives a ray job's rank-0 pod, the token in a 0444 file named by
+``CAIRN_RAY_TOKEN_FILE`` (the Secret's mount), and a user env that tries to
+turn auth off (``RAY_AUTH_MODE=disabled``, a ``RAY_AUTH_TOKEN`` of its own):
+the launcher must still start Ray with the job's token, and its driver
+(``ray.init()`` with ``RAY_ADDRESS``) runs a task before `running` yields it.
 
-- ``test_a_client_without_a_token_is_refused``: a GCS client (the first RPC
-  of ``ray.init()`` and of a worker's ``ray start``) with auth off; the head
-  refuses it (``InvalidAuthToken``). A refused ``ray.init()`` says only
-  ``ConnectionError`` after 20 s of retries, so it is not the probe here.
-- ``test_a_client_with_a_wrong_token_is_refused``: token mode, another token.
-- ``test_a_client_with_the_jobs_token_works``: the GCS lists the head node and
-  a ``ray.init()`` client runs a task.
-- ``test_the_token_is_never_in_the_launchers_output``.
-
-Not covered here: a worker's ``ray start --address`` without the token (on
-loopback a second node is not possible; its first call is the same GCS RPC the
-refused clients make). The e2e Ray tests run multi-node pods with the token.
+`probe` runs a client in a process of its own, as a pod outside the job
+would connect: ``gcs``, a GCS client (the first RPC of ``ray.init()`` and of
+a worker's ``ray start``), whose refusal says ``InvalidAuthToken`` (a refused
+``ray.init()`` says only ``ConnectionError`` after 20 s of retries, so it is
+not the refusal probe); ``init``, a ``ray.init()`` client running a task.
 """
 
 from __future__ import annotations
@@ -131,9 +124,9 @@ def _stop(proc: subprocess.Popen[bytes], stop_file: pathlib.Path) -> None:
     proc.wait(STOP_TIMEOUT)
 
 
-@pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
-    root = tmp_path_factory.mktemp("ray-auth")
+@contextlib.contextmanager
+def running(root: pathlib.Path) -> Iterator[Head]:
+    """The launcher's head with a fresh token, once its driver ran a task; stopped after."""
     token = secrets.token_hex(32)
     token_file = root / "token"
     token_file.write_text(token)
@@ -161,7 +154,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
         _stop(proc, root / "stop")
 
 
-def _probe(head: Head, mode: str, auth: dict[str, str]) -> dict[str, object]:
+def probe(head: Head, mode: str, auth: dict[str, str]) -> dict[str, object]:
     """Run a client in a process of its own (Ray reads its auth settings at start)."""
     env = rayhead.env_for_ray()
     for name in [k for k in env if k.startswith(("CAIRN_", "RAY_AUTH", "RAY_ADDRESS"))]:
@@ -182,28 +175,6 @@ def _probe(head: Head, mode: str, auth: dict[str, str]) -> dict[str, object]:
     return result
 
 
-def _refused(result: dict[str, object]) -> None:
+def assert_refused(result: dict[str, object]) -> None:
     assert result["ok"] is False
     assert "InvalidAuthToken" in str(result["error"]), result
-
-
-@pytest.mark.timeout(300)
-def test_a_client_without_a_token_is_refused(head: Head) -> None:
-    _refused(_probe(head, "gcs", {"RAY_AUTH_MODE": "disabled"}))
-
-
-@pytest.mark.timeout(300)
-def test_a_client_with_a_wrong_token_is_refused(head: Head) -> None:
-    wrong = secrets.token_hex(32)
-    _refused(_probe(head, "gcs", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": wrong}))
-
-
-@pytest.mark.timeout(300)
-def test_a_client_with_the_jobs_token_works(head: Head) -> None:
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(head.token_file)}
-    assert _probe(head, "gcs", auth) == {"ok": True, "nodes": 1}
-    assert _probe(head, "init", auth) == {"ok": True, "answer": 42}
-
-
-def test_the_token_is_never_in_the_launchers_output(head: Head) -> None:
-    assert head.token not in head.log.read_text(errors="replace")
