@@ -319,12 +319,12 @@ def module_dir() -> pathlib.Path:
 
 # libyaml's loader when PyYAML has it: the Workload CRD is 1.3 MB of YAML, which
 # the pure-Python loader takes seconds to read on this machine.
-_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def crds(root: pathlib.Path) -> list[dict[str, Any]]:
     return [
-        served_v1beta2(yaml.load(path.read_text(), Loader=_LOADER))
+        served_v1beta2(yaml.load(path.read_text(), Loader=YAML_LOADER))
         for path in sorted((root / CRD_DIR_IN_MODULE).glob("*.yaml"))
     ]
 
