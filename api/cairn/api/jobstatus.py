@@ -8,7 +8,9 @@ writes phase, attempt, restarts, times, lastFailure, conditions and
 writes the other's fields. ``ray`` (runtime ``ray`` only) is the driver's
 (it runs on rank 0, the head pod), except ``ray.group``, which the operator
 sets to 0 when it starts a new attempt, and ``ray.announcedInPlaceRestarts``,
-its record of the ``InPlaceRestart`` Events it posted. Models ignore unknown fields, so an
+its record of the ``InPlaceRestart`` Events it posted. ``torchrun`` (runtime
+``torchrun``) has the same shape and split: rank 0's writer bumps it after an
+in-place restart of the worker group. Models ignore unknown fields, so an
 older operator tolerates a newer writer.
 """
 
@@ -327,6 +329,25 @@ class RayStatus(_StatusModel):
     )
 
 
+class TorchrunStatus(RayStatus):
+    """Runtime ``torchrun``: the worker group torchrun's elastic agents run, in the
+    same vocabulary as ``ray``: rank 0 of a restarted group (``group`` is its
+    ``TORCHELASTIC_RESTART_COUNT``) bumps ``group`` and ``inPlaceRestarts`` before
+    it commits; the operator resets ``group`` to 0 on a new attempt and posts the
+    ``InPlaceRestart`` Event."""
+
+    group: int | None = pydantic.Field(
+        default=None,
+        ge=0,
+        description="The worker group within the current attempt (TORCHELASTIC_RESTART_COUNT "
+        "of rank 0; the operator sets 0 on a new attempt, rank 0 of a restarted group bumps it "
+        "before it commits).",
+    )
+    in_place_restarts: int | None = pydantic.Field(
+        default=None, ge=0, description="In-place restarts over the job's life (rank 0's)."
+    )
+
+
 class ResumeApplied(_StatusModel):
     """The explicit ``spec.checkpoint.resume`` the operator handed to an attempt
     (operator-owned). A request applies once: attempts after ``attempt`` resume
@@ -397,6 +418,11 @@ class TrainingJobStatus(_StatusModel):
     )
     ray: RayStatus | None = pydantic.Field(
         default=None, description="Runtime ray: the driver's rank-actor group and its restarts."
+    )
+    torchrun: TorchrunStatus | None = pydantic.Field(
+        default=None,
+        description="Runtime torchrun: the worker group (torchrun's restart count) and its "
+        "in-place restarts.",
     )
     resume_applied: ResumeApplied | None = pydantic.Field(
         default=None,

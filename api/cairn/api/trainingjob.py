@@ -374,9 +374,33 @@ class RaySpec(schema.SpecModel):
     )
 
 
+MAX_IN_PLACE_NODES = 10
+"""torchrun's c10d rendezvous ranks nodes by host name; pod names keep that
+equal to the node rank up to here (``-n10`` sorts before ``-n2``)."""
+
+IN_PLACE_RESUME_MESSAGE = (
+    "torchrun.maxInPlaceRestarts needs checkpoint.resume unset or latest (a worker group "
+    "restarted in place cannot tell on every node that an explicit target was spent)"
+)
+
+
+class TorchrunSpec(schema.SpecModel):
+    """Runtime ``torchrun``: its elastic agent's in-place restarts (docs/operator.md)."""
+
+    max_in_place_restarts: int = pydantic.Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="In-place restarts per attempt: when a rank process dies, every pod's "
+        "torchrun restarts its workers in the same pods (--max-restarts) before the pod "
+        "exits and the operator restarts the pods. 0: every failure restarts the pods.",
+    )
+
+
 RUN_DEFINING_FIELDS: tuple[str, ...] = (
     "runtime",
     "ray",
+    "torchrun",
     "nodes",
     "procsPerNode",
     "image",
@@ -390,6 +414,7 @@ RUN_DEFINING_FIELDS: tuple[str, ...] = (
 """Spec fields that shape the running pods: immutable unless suspended."""
 
 _IS_RAY = "(has(self.runtime) && self.runtime == 'ray')"
+_IS_TORCHRUN = "(!has(self.runtime) || self.runtime == 'torchrun')"
 _SUSPENDED = "(has(self.suspend) && self.suspend) || (has(oldSelf.suspend) && oldSelf.suspend)"
 
 
@@ -423,6 +448,26 @@ class TrainingJobSpec(schema.SpecModel):
                 ".ray",
             ),
             (
+                f"!has(self.torchrun) || {_IS_TORCHRUN}",
+                "spec.torchrun is allowed only with runtime: torchrun",
+                ".torchrun",
+            ),
+            (
+                "!has(self.torchrun) || !has(self.torchrun.maxInPlaceRestarts) || "
+                f"self.torchrun.maxInPlaceRestarts == 0 || !has(self.nodes) || "
+                f"self.nodes <= {MAX_IN_PLACE_NODES}",
+                f"torchrun.maxInPlaceRestarts needs nodes <= {MAX_IN_PLACE_NODES} (c10d "
+                "rendezvous orders nodes by host name: <job>-a<attempt>-n10 sorts before -n2)",
+                ".torchrun",
+            ),
+            (
+                "!has(self.torchrun) || !has(self.torchrun.maxInPlaceRestarts) || "
+                "self.torchrun.maxInPlaceRestarts == 0 || !has(self.checkpoint) || "
+                "!has(self.checkpoint.resume) || has(self.checkpoint.resume.latest)",
+                IN_PLACE_RESUME_MESSAGE,
+                ".torchrun",
+            ),
+            (
                 f"!({_IS_RAY}) || has(self.command)",
                 "runtime: ray needs spec.command (the operator runs it under the Ray launcher)",
                 ".command",
@@ -448,6 +493,9 @@ class TrainingJobSpec(schema.SpecModel):
     )
     ray: RaySpec | None = pydantic.Field(
         default=None, description="Runtime ray: the Ray nodes' settings."
+    )
+    torchrun: TorchrunSpec | None = pydantic.Field(
+        default=None, description="Runtime torchrun: its elastic agent's settings."
     )
     nodes: int = pydantic.Field(default=1, ge=1, le=1024, description="Pods, one per node rank.")
     procs_per_node: int = pydantic.Field(default=1, ge=1, le=64, description="--nproc-per-node.")
@@ -525,6 +573,17 @@ class TrainingJobSpec(schema.SpecModel):
     def _check_runtime(self) -> Self:
         if self.ray is not None and self.runtime != "ray":
             raise ValueError("spec.ray is allowed only with runtime: ray")
+        if self.torchrun is not None and self.runtime != "torchrun":
+            raise ValueError("spec.torchrun is allowed only with runtime: torchrun")
+        in_place = self.torchrun is not None and self.torchrun.max_in_place_restarts > 0
+        resume = self.checkpoint.resume
+        if in_place and resume is not None and not resume.latest:
+            raise ValueError(IN_PLACE_RESUME_MESSAGE)
+        if in_place and self.nodes > MAX_IN_PLACE_NODES:
+            raise ValueError(
+                f"torchrun.maxInPlaceRestarts needs nodes <= {MAX_IN_PLACE_NODES} (c10d "
+                "rendezvous orders nodes by host name: <job>-a<attempt>-n10 sorts before -n2)"
+            )
         if self.runtime == "ray" and self.command is None:
             raise ValueError(
                 "runtime: ray needs spec.command (the operator runs it under the Ray launcher)"
@@ -535,6 +594,11 @@ class TrainingJobSpec(schema.SpecModel):
     def ray_settings(self) -> RaySpec:
         """``spec.ray`` or its defaults (meaningful for runtime ray only)."""
         return self.ray or RaySpec()
+
+    @property
+    def torchrun_settings(self) -> TorchrunSpec:
+        """``spec.torchrun`` or its defaults (meaningful for runtime torchrun only)."""
+        return self.torchrun or TorchrunSpec()
 
     @property
     def managed_by_cairn(self) -> bool:
@@ -627,6 +691,7 @@ PHASES = jobstatus.PHASES
 TERMINAL_PHASES = jobstatus.TERMINAL_PHASES
 Condition = jobstatus.Condition
 RayStatus = jobstatus.RayStatus
+TorchrunStatus = jobstatus.TorchrunStatus
 CommittedCheckpoint = jobstatus.CommittedCheckpoint
 UploadedCheckpoint = jobstatus.UploadedCheckpoint
 InFlightCheckpoint = jobstatus.InFlightCheckpoint

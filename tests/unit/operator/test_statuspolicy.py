@@ -47,7 +47,7 @@ def test_policy_names_the_trainer_account_and_denies() -> None:
         "validationActions": ["Deny"],
     }
     writer = next(v for v in spec["variables"] if v["name"] == "writerFields")
-    assert writer["expression"] == "['step', 'checkpoints', 'ray']"
+    assert writer["expression"] == "['step', 'checkpoints', 'ray', 'torchrun']"
 
 
 @pytest.mark.parametrize(("job", "attempt", "rank"), [("j", 1, 0), ("team-run-7", 12, 3)])

@@ -11,13 +11,16 @@ and before the remote manifest put:
 - `ApiFence`: rank 0 GETs its TrainingJob and refuses when the job is gone
   (or being deleted), its `metadata.uid` is not ours (deleted and re-created), or
   `status.attempt` is newer than ours, or, at our attempt, `status.ray.group`
-  is newer than our group (the Ray driver bumps it before it starts a new
-  rank-actor group in place). This is what fences a zombie pod (or a zombie
+  (runtime ray) or `status.torchrun.group` (runtime torchrun) is newer than
+  our group (the Ray driver bumps it before it starts a new rank-actor group
+  in place; rank 0 of a torchrun worker group restarted in place before its
+  first commit, `cairn.checkpoint.torchrun_group`). This is what fences a zombie pod (or a zombie
   rank actor) on a node-local volume, where no local file is shared with the
   new writer.
 
-A writer's identity is (attempt, group), ordered as a pair; torchrun and the
-first Ray group are group 0, so their records and checks are unchanged.
+A writer's identity is (attempt, group), ordered as a pair; torchrun's first
+worker group and the first Ray group are group 0, so their records and checks
+are unchanged.
 
 A fence file of ANOTHER job does not block a starting job (a job re-created
 on an old volume starts cleanly and takes the file over); a running writer
@@ -192,16 +195,27 @@ def job_stale_reason(
     current = status.get("attempt")
     if isinstance(current, int) and current > attempt:
         return f"the TrainingJob is at attempt {current} (we are attempt {attempt})"
-    # status.ray.group counts within the current attempt (the operator resets
-    # it to 0 with a new attempt), so it only compares at our own attempt.
+    # status.<runtime>.group counts within the current attempt (the operator
+    # resets it to 0 with a new attempt), so it only compares at our own attempt.
     if current is None or current == attempt:
-        current_group = (status.get("ray") or {}).get("group")
+        key = _group_key(job, status)
+        current_group = (status.get(key) or {}).get("group")
         if isinstance(current_group, int) and current_group > group:
+            unit = "rank-actor group" if key == "ray" else "torchrun worker group"
             return (
-                f"the TrainingJob's rank-actor group is {current_group} "
+                f"the TrainingJob's {unit} is {current_group} "
                 f"(we are group {group} of attempt {attempt})"
             )
     return None
+
+
+def _group_key(job: dict[str, typing.Any], status: dict[str, typing.Any]) -> str:
+    """`ray` or `torchrun`: the job's runtime (the API server defaults it);
+    without a spec (an older reader's object), whichever status has."""
+    runtime = (job.get("spec") or {}).get("runtime")
+    if runtime is None:
+        return "ray" if "ray" in status else "torchrun"
+    return "ray" if runtime == "ray" else "torchrun"
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -211,7 +225,7 @@ class ApiFence:
     get_job: GetJob
     job_uid: str
     group: int = 0
-    """The writer's rank-actor group (Ray, `status.ray.group`); 0 under torchrun."""
+    """The writer's group (`status.ray.group` or `status.torchrun.group`)."""
     tries: int = 3
     """Reads before `check_strict` gives up (FenceUnverifiedError)."""
     backoff_seconds: float = 1.0

@@ -87,6 +87,7 @@ class CheckpointManager:
         process group and a client built from `opts.s3`; pass them to use
         another backend (e.g. Ray) or an instrumented client."""
         self._coord = wiring.coordinator_for(opts, given=coordinator)
+        opts = wiring.with_torchrun_group(opts, coordinator=self._coord)
         self._rank = self._coord.rank
         self._feed = status_feed.StatusFeed.from_env(opts) if self._rank == 0 else None
         self._opts = opts = wiring.with_fences(opts, coordinator=self._coord, feed=self._feed)

@@ -92,7 +92,8 @@ class CheckpointOptions:
     """Attempt id of this run (the operator's restart counter); fences commits."""
     group: int = 0
     """Generation of the Ray rank-actor group within the attempt (`status.ray.group`,
-    pod env of the rank actors `CAIRN_RAY_GROUP`); 0 under torchrun. A writer's
+    pod env of the rank actors `CAIRN_RAY_GROUP`), or of torchrun's worker group
+    (`TORCHELASTIC_RESTART_COUNT`, `status.torchrun.group`). A writer's
     identity is (attempt, group): an in-place restart fences the old group."""
     job_uid: str | None = None
     """UID of the TrainingJob (pod env CAIRN_JOB_UID). Recorded in manifests, the

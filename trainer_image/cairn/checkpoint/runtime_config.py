@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from cairn.api import checkpointspec, podenv
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import foreign, monitor, options
+from cairn.checkpoint import foreign, monitor, options, torchrun_group
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -101,6 +101,13 @@ def check_launch(env: Mapping[str, str]) -> None:
         )
 
 
+def _group(env: Mapping[str, str]) -> int:
+    """The writer's group: the Ray rank-actor group, else torchrun's worker group."""
+    if env.get(monitor.GROUP_ENV):
+        return _int(env, monitor.GROUP_ENV, 0) or 0
+    return torchrun_group.group_from_env(env)
+
+
 def from_env(
     environ: Mapping[str, str] | None = None, *, default_dir: pathlib.Path | None = None
 ) -> RuntimeConfig:
@@ -127,7 +134,7 @@ def from_env(
         keep_last=3 if keep_last is None else keep_last,
         max_bytes=_int(env, podenv.MAX_BYTES),
         attempt=attempt,
-        group=_int(env, monitor.GROUP_ENV, 0) or 0,
+        group=_group(env),
         job_uid=env.get(podenv.JOB_UID) or None,
         job_namespace=env.get(podenv.NAMESPACE) or None,
         job_name=env.get(podenv.JOB_NAME) or None,

@@ -24,7 +24,14 @@ import typing
 from collections.abc import Mapping
 
 from cairn.api import jobstatus, podenv
-from cairn.checkpoint import checkpoint_status, events, fence, options, status_reporter
+from cairn.checkpoint import (
+    checkpoint_status,
+    events,
+    fence,
+    options,
+    status_reporter,
+    torchrun_group,
+)
 
 if typing.TYPE_CHECKING:
     from cairn.checkpoint import restore
@@ -89,7 +96,8 @@ class StatusFeed:
         cls, opts: options.CheckpointOptions, *, environ: Mapping[str, str] | None = None
     ) -> StatusFeed | None:
         """The feed the pod's environment asks for (rank 0 under the operator), else None."""
-        target = target_from_env(os.environ if environ is None else environ)
+        env = os.environ if environ is None else environ
+        target = target_from_env(env)
         if target is None:
             return None
         from kubernetes import client, config
@@ -106,13 +114,24 @@ class StatusFeed:
             api_fence = fence.ApiFence(
                 get_job=status_reporter.job_reader(**where), job_uid=opts.job_uid, group=opts.group
             )
+        previous = status_reporter.read_checkpoints(**where)
+        if opts.group > 0 and env.get(podenv.RUNTIME, "torchrun") == "torchrun":
+            # A worker group torchrun restarted in place: in status before any commit.
+            last = previous.last_committed if previous is not None else None
+            torchrun_group.record(
+                patch=status_reporter.kubernetes_patcher(**where),
+                read=status_reporter.job_reader(**where),
+                attempt=opts.attempt,
+                group=opts.group,
+                from_step=last.step if last is not None else None,
+            )
         reporter = status_reporter.StatusReporter(
             patch=status_reporter.kubernetes_patcher(**where),
             status_interval_seconds=target.status_interval_seconds,
         )
         return cls(
             reporter=reporter,
-            previous=status_reporter.read_checkpoints(**where),
+            previous=previous,
             upload_uri=opts.s3.uri if opts.s3 else None,
             api_fence=api_fence,
         )

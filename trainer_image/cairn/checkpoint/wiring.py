@@ -4,6 +4,7 @@ Built once when a manager starts, never changed after:
 
 - the coordinator (default: the c10d store of the default process group,
   under a namespace unique to this manager of this attempt);
+- the writer's group under torchrun in-place restarts (`with_torchrun_group`);
 - the fences a commit checks: the caller's, the API server's (rank 0 under
   the operator, `status_feed`) and the Ray monitor's (a replaced rank-actor
   group is refused right before each commit);
@@ -15,11 +16,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import itertools
+import os
+from collections.abc import Mapping
 
 import torch.distributed as dist
 
 from cairn.checkpoint import coordinator as coordinator_mod
-from cairn.checkpoint import errors, options, status_feed
+from cairn.checkpoint import errors, monitor, options, status_feed, torchrun_group
 from cairn.checkpoint import fence as fence_mod
 
 _instances = itertools.count()
@@ -35,6 +38,46 @@ def coordinator_for(
     each other's keys (the counter advances either way)."""
     namespace = f"cairn-ckpt/attempt-{opts.attempt}/manager-{next(_instances)}"
     return given or coordinator_mod.from_default_group(namespace=namespace)
+
+
+def with_torchrun_group(
+    opts: options.CheckpointOptions,
+    *,
+    coordinator: coordinator_mod.Coordinator,
+    environ: Mapping[str, str] | None = None,
+) -> options.CheckpointOptions:
+    """`opts` with the worker group every rank agrees on (torchrun in-place restarts).
+
+    Under c10d rendezvous each node's agent counts only the restarts its own
+    workers' failures caused (a node restarted for a peer's failure keeps its
+    count), so TORCHELASTIC_RESTART_COUNT differs between nodes. The sum over
+    all ranks grows with every failure-driven restart, is the same on every
+    rank and is 0 for the first group. Skipped (no store round trip) unless
+    torchrun may restart (TORCHELASTIC_MAX_RESTARTS > 0) and no Ray group is set."""
+    env = os.environ if environ is None else environ
+    if env.get(monitor.GROUP_ENV) or not _int(env.get("TORCHELASTIC_MAX_RESTARTS")):
+        return opts
+    own = torchrun_group.group_from_env(env)
+    if coordinator.world_size <= 1:
+        return dataclasses.replace(opts, group=own)
+    coordinator.publish(GROUP_KEY, {"restarts": own})
+    reports = coordinator.gather(GROUP_KEY, timeout=GROUP_TIMEOUT_SECONDS)
+    total = sum(max(_int(r.get("restarts")), 0) for r in reports)
+    return dataclasses.replace(opts, group=total)
+
+
+GROUP_KEY = "torchrun-group"
+GROUP_TIMEOUT_SECONDS = 300.0
+"""Every rank constructs its manager within this after the rendezvous."""
+
+
+def _int(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
 
 
 def with_fences(

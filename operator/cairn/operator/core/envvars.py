@@ -71,9 +71,7 @@ def _rendezvous_env(
         _value(podenv.PET_NNODES, spec.nodes),
         _value(podenv.PET_NPROC_PER_NODE, spec.procs_per_node),
         _value(podenv.PET_NODE_RANK, rank),
-        _value(podenv.PET_MASTER_ADDR, master),
-        _value(podenv.PET_MASTER_PORT, port),
-        _value(podenv.PET_MAX_RESTARTS, 0),
+        *_torchrun_rendezvous(job, attempt=attempt, rank=rank, master=master, port=port),
         _value(podenv.MASTER_ADDR, master),
         _value(podenv.MASTER_PORT, port),
         _value(podenv.WORLD_SIZE, spec.nodes * spec.procs_per_node),
@@ -85,6 +83,38 @@ def _rendezvous_env(
             _value(podenv.LOCAL_WORLD_SIZE, 1),
         ]
     return env
+
+
+def _torchrun_rendezvous(
+    job: trainingjob.TrainingJob, *, attempt: int, rank: int, master: str, port: int
+) -> list[k8stypes.EnvVar]:
+    """torchrun's rendezvous and --max-restarts (the in-place budget per attempt).
+
+    Without in-place restarts: static rendezvous on the master, as always. With
+    them (docs/operator.md, "In-place restarts"): c10d rendezvous, hosted by
+    rank 0's agent on the master port, one run id per attempt. Static cannot
+    restart in place: its store is reused across restarts with the same keys,
+    so a restarted rank reads its peers' stale addresses (measured on the
+    devcluster: connectFullMesh refused, then the budget is spent). c10d starts
+    a new round (a fresh worker store) on every node when one node's agent
+    rejoins. No PET_MASTER_*: they would override the round's store. And a
+    fresh worker store per round (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): by
+    default c10d reuses one across rounds, with the same stale keys."""
+    budget = job.spec.torchrun_settings.max_in_place_restarts
+    if job.spec.runtime != "torchrun" or budget == 0:
+        return [
+            _value(podenv.PET_MASTER_ADDR, master),
+            _value(podenv.PET_MASTER_PORT, port),
+            _value(podenv.PET_MAX_RESTARTS, 0),
+        ]
+    return [
+        _value(podenv.PET_RDZV_BACKEND, "c10d"),
+        _value(podenv.PET_RDZV_ENDPOINT, f"{master}:{port}"),
+        _value(podenv.PET_RDZV_ID, f"{job.metadata.uid}-a{attempt}"),
+        _value(podenv.PET_RDZV_CONF, f"is_host={1 if rank == 0 else 0}"),
+        _value(podenv.PET_MAX_RESTARTS, budget),
+        _value(podenv.TORCH_DISABLE_SHARE_RDZV_TCP_STORE, 1),
+    ]
 
 
 def _checkpoint_env(

@@ -70,8 +70,8 @@ def _status_changed(previous: jobstatus.TrainingJobStatus, patch: k8stypes.Statu
     for key, value in patch.items():
         if value is None:
             after.pop(key, None)
-        elif key == "ray" and isinstance(value, dict):
-            # The operator writes only its keys of status.ray (a merge patch
+        elif key in ("ray", "torchrun") and isinstance(value, dict):
+            # The operator writes only its keys of status.ray/torchrun (a merge patch
             # keeps the driver's), so compare the merged object.
             after[key] = {**after.get(key, {}), **value}
         else:
@@ -164,7 +164,7 @@ def plan(
         new_attempt = decision.attempt != (job.status.attempt or 0)
         ray_patch = raystatus.patch(valid, attempt=decision.attempt, new_attempt=new_attempt)
         if ray_patch is not None:
-            patch["ray"] = ray_patch
+            patch[raystatus.status_key(valid)] = ray_patch  # type: ignore[literal-required]
         ray_events = raystatus.events(valid)
     return Plan(
         status=patch if _status_changed(job.status, patch) else None,

@@ -261,7 +261,7 @@ class ProgressDict(TypedDict):
 
 
 class RayStatusPatch(TypedDict, total=False):
-    """The operator's keys of ``status.ray`` (the rest is the Ray driver's)."""
+    """The operator's keys of ``status.ray`` / ``status.torchrun`` (the rest is the runtime's)."""
 
     group: int
     announcedInPlaceRestarts: int
@@ -286,4 +286,5 @@ class StatusPatch(TypedDict, total=False):
     progress: ProgressDict | None
     conditions: list[ConditionDict]
     ray: RayStatusPatch
+    torchrun: RayStatusPatch
     resumeApplied: dict[str, Any]

@@ -1,0 +1,98 @@
+"""Runtime torchrun: the worker group as a fencing generation, and its record in status.
+
+torchrun's elastic agent (``--max-restarts``, set from
+``spec.torchrun.maxInPlaceRestarts``) restarts its workers in the same pod
+when one dies, and gives each new worker group ``TORCHELASTIC_RESTART_COUNT``
+(0 for the first). That count is the writer's ``group``, as
+``CAIRN_RAY_GROUP`` is for a Ray rank-actor group: a writer's identity is
+(attempt, group), so the local fence file and ``ApiFence`` refuse a stale group.
+
+Rank 0 of a restarted group records it in ``status.torchrun`` (same
+vocabulary as ``status.ray``: ``group``, ``inPlaceRestarts``,
+``lastInPlaceRestart``) before its first commit; the operator posts the
+``InPlaceRestart`` Event. Without API access the local fence alone protects.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import typing
+from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+"""Set by torchrun's agent in every worker: the worker group's restart count."""
+REASON = "a worker process exited; torchrun restarted the worker group in place"
+
+PatchFn = typing.Callable[[dict[str, typing.Any]], None]
+ReadFn = typing.Callable[[], dict[str, typing.Any] | None]
+
+
+def group_from_env(env: Mapping[str, str]) -> int:
+    """The worker group torchrun runs (0 when absent or garbled). Pure."""
+    raw = env.get(RESTART_COUNT_ENV, "")
+    try:
+        value = int(raw)
+    except ValueError:
+        return 0
+    return max(value, 0)
+
+
+def _int_field(status: Mapping[str, typing.Any], key: str) -> int:
+    value = status.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def restart_body(
+    job: Mapping[str, typing.Any] | None,
+    *,
+    attempt: int,
+    group: int,
+    from_step: int | None,
+    now: datetime.datetime,
+) -> dict[str, typing.Any] | None:
+    """The merge patch announcing `group`; None when status already has it (or newer,
+    or this attempt is not the job's current one). Pure."""
+    status = (job or {}).get("status") or {}
+    if _int_field(status, "attempt") != attempt:
+        return None  # another attempt's status: never ours to write
+    torchrun = status.get("torchrun") or {}
+    recorded = _int_field(torchrun, "group")
+    if group <= recorded:
+        return None
+    return {
+        "status": {
+            "torchrun": {
+                "group": group,
+                "inPlaceRestarts": _int_field(torchrun, "inPlaceRestarts") + group - recorded,
+                "lastInPlaceRestart": {
+                    "time": now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "reason": REASON,
+                    "fromStep": from_step,
+                },
+            }
+        }
+    }
+
+
+def record(
+    *, patch: PatchFn, read: ReadFn, attempt: int, group: int, from_step: int | None
+) -> bool:
+    """Record `group` in status.torchrun; False (logged) when the API refused or failed."""
+    try:
+        body = restart_body(
+            read(),
+            attempt=attempt,
+            group=group,
+            from_step=from_step,
+            now=datetime.datetime.now(datetime.UTC),
+        )
+        if body is not None:
+            patch(body)
+    except Exception as exc:  # the API is a second fence; the local fence still fences
+        log.warning("could not record torchrun worker group %d in status: %s", group, exc)
+        return False
+    log.info("torchrun worker group %d (in-place restart) recorded in status", group)
+    return True
