@@ -122,7 +122,12 @@ class S3Loop:
         """(uid, generation) the last final pass of a job ran for."""
         self._running: dict[Key, s3fair.Running] = {}
         self._ended: dict[str, float] = {}
-        """Per endpoint, how long its last finished pass took (``s3fair.health``)."""
+        """Per endpoint (or slow job's unit), how long its last finished pass took."""
+        self._answered: dict[str, float] = {}
+        """Per endpoint, when a quick pass on it last ended (``s3fair.store_is_slow``)."""
+        self._slow_jobs: set[Key] = set()
+        """Jobs whose last pass was slow while their store answered others: each is a
+        slow unit of its own (``s3fair.job_unit``), not its store."""
         self._held = False
         """Whether the last ``due_now`` held a due pass back (fairness)."""
         self._wake = asyncio.Event()
@@ -179,8 +184,11 @@ class S3Loop:
         self._final_done.pop(key, None)
 
     def _drop(self, key: Key) -> None:
-        self._jobs.pop(key, None)
+        entry = self._jobs.pop(key, None)
         self._due.pop(key, None)
+        if key in self._slow_jobs and entry is not None:
+            self._slow_jobs.discard(key)
+            self._ended.pop(s3fair.job_unit(entry.endpoint, "/".join(key)), None)
 
     def _schedule(self, key: Key, at: float) -> None:
         """The next pass of ``key`` at ``at`` at the latest (an earlier one stays)."""
@@ -199,7 +207,9 @@ class S3Loop:
             at, key = heapq.heappop(self._heap)
             if self._due.get(key) == at:  # else superseded by an earlier schedule, or dropped
                 due.append((at, key))
-        ready = [(key, self._jobs[key].endpoint) for _, key in due if key not in self._running]
+        ready = [
+            (key, self._unit(key, self._jobs[key])) for _, key in due if key not in self._running
+        ]
         taken = s3fair.take(
             ready,
             ended=self._ended,
@@ -208,6 +218,7 @@ class S3Loop:
             threads=self._settings.threads,
             share=self._settings.slow_share,
             slow_after=self._settings.slow_after_seconds,
+            answered=self._answered,
         )
         chosen = set(taken)
         for at, key in due:
@@ -218,10 +229,39 @@ class S3Loop:
         self._held = len(taken) < len(due)
         return taken
 
+    def _unit(self, key: Key, entry: _Entry) -> str:
+        """What ``s3fair`` judges the job's pass by: its store, or itself when slow."""
+        if key in self._slow_jobs:
+            return s3fair.job_unit(entry.endpoint, "/".join(key))
+        return entry.endpoint
+
     def _start(self, key: Key) -> None:
         entry = self._jobs.get(key)
-        endpoint = entry.endpoint if entry is not None else ""
-        self._running[key] = s3fair.Running(endpoint=endpoint, started=self._monotonic())
+        unit = self._unit(key, entry) if entry is not None else ""
+        self._running[key] = s3fair.Running(endpoint=unit, started=self._monotonic())
+
+    def _ended_pass(self, key: Key, entry: _Entry | None, running: s3fair.Running) -> None:
+        """Charge a finished pass's time to its store, or to the job when the store
+        answered other passes meanwhile (a tenant's own slow prefix)."""
+        took = self._monotonic() - running.started
+        store = entry.endpoint if entry is not None else running.endpoint
+        slow_after = self._settings.slow_after_seconds
+        if took < slow_after:
+            self._slow_jobs.discard(key)
+            self._ended.pop(s3fair.job_unit(store, "/".join(key)), None)
+            self._answered[store] = self._monotonic()
+            self._ended[store] = took
+        elif s3fair.store_is_slow(
+            started=running.started,
+            took=took,
+            answered=self._answered,
+            endpoint=store,
+            slow_after=slow_after,
+        ):
+            self._ended[store] = took
+        else:
+            self._slow_jobs.add(key)
+            self._ended[s3fair.job_unit(store, "/".join(key))] = took
 
     def _next_wake(self) -> float | None:
         """Seconds to the next due pass; None: only a pass ending (or an update) helps."""
@@ -272,7 +312,7 @@ class S3Loop:
         finally:
             running = self._running.pop(key, None)
             if running is not None:
-                self._ended[running.endpoint] = self._monotonic() - running.started
+                self._ended_pass(key, entry, running)
             if entry is not None and kind is not None:
                 self._after(key, entry, kind=kind, generation=generation)
             self._wake.set()

@@ -18,11 +18,21 @@ one thread (per such endpoint, up to ``slow_slots``), and 200 other jobs keep
 their verification latency. Due passes that are held back keep their place
 (``s3loop`` leaves them due). A store shared by every job starts unproven:
 its first pass runs alone, then it is healthy (it costs one pass's time once).
+
+A slow pass is the store's fault only if the store answered no other pass
+meanwhile (``answered``: when a quick pass on it last ended). A tenant whose
+own prefix makes its pass slow (100,000 objects listed up to the cap, on the
+store every job shares) does not mark that store slow: ``store_is_slow``
+charges it to the job, and ``s3loop`` gives such a job a unit of its own
+(``job_unit``) that is slow, so it runs in the slow slots. Before this, such
+a pass running ``slow_after`` made the shared store slow and, while it ran,
+no other job's pass on it started at all.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Literal, TypeVar
@@ -47,6 +57,19 @@ def slow_slots(threads: int, share: float) -> int:
     return max(1, min(threads - 1, math.floor(threads * share)))
 
 
+def job_unit(endpoint: str, job: str) -> str:
+    """The fairness unit of a job whose own passes are slow (not its store's). Pure."""
+    return f"{endpoint} job:{job}"
+
+
+def store_is_slow(
+    *, started: float, took: float, answered: Mapping[str, float], endpoint: str, slow_after: float
+) -> bool:
+    """Whether a pass that took ``took`` seconds shows its store slow: it was slow and
+    no quick pass on the same store ended while it ran. Pure."""
+    return took >= slow_after and answered.get(endpoint, -math.inf) <= started
+
+
 def health(
     endpoint: str,
     *,
@@ -54,9 +77,16 @@ def health(
     running: Sequence[Running],
     now: float,
     slow_after: float,
+    answered: Mapping[str, float] | None = None,
 ) -> Health:
-    """The endpoint's health. ``ended``: how long its last finished pass took. Pure."""
-    if any(r.endpoint == endpoint and now - r.started >= slow_after for r in running):
+    """The endpoint's health. ``ended``: how long its last finished pass took;
+    ``answered``: when a quick pass on it last ended (a long pass that started
+    before that is its job's, not the store's). Pure."""
+    quick_end = (answered or {}).get(endpoint, -math.inf)
+    if any(
+        r.endpoint == endpoint and now - r.started >= slow_after and quick_end <= r.started
+        for r in running
+    ):
         return "slow"
     if endpoint not in ended:
         return "unproven"
@@ -72,6 +102,7 @@ def take(
     threads: int,
     share: float,
     slow_after: float,
+    answered: Mapping[str, float] | None = None,
 ) -> list[_K]:
     """The ids of ``due`` (id, endpoint), in order, that start now. Pure.
 
@@ -80,16 +111,15 @@ def take(
     """
     free = threads - len(running)
     limited = slow_slots(threads, share)
-    states = {
-        endpoint: health(endpoint, ended=ended, running=running, now=now, slow_after=slow_after)
-        for _, endpoint in due
-    }
+    judge = functools.partial(
+        health, ended=ended, running=running, now=now, slow_after=slow_after, answered=answered
+    )
+    states = {endpoint: judge(endpoint) for _, endpoint in due}
     busy: dict[str, int] = {}
     held_now = 0  # threads slow and unproven endpoints hold now
     for r in running:
         busy[r.endpoint] = busy.get(r.endpoint, 0) + 1
-        state = health(r.endpoint, ended=ended, running=running, now=now, slow_after=slow_after)
-        held_now += state != "healthy"
+        held_now += judge(r.endpoint) != "healthy"
     taken: list[_K] = []
     for ident, endpoint in due:
         if len(taken) >= free:
