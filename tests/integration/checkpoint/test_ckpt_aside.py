@@ -2,8 +2,9 @@
 
 Covers: a local step folder is renamed under `.cairn/<kind>/<tag>/` with a
 reason file beside it, bytes unchanged (nothing added inside); moving the
-same step name twice never overwrites (a suffix is added); bad kinds, tags and non-children are refused with the
-folder left in place; in S3 the manifest's raw bytes (unknown fields and
+same step name twice never overwrites (a suffix is added), also after a
+crash between the reason file and the rename; bad kinds, tags and
+non-children are refused with the folder left in place; in S3 the manifest's raw bytes (unknown fields and
 all) are copied aside and the original removed while data objects stay; a
 repeated call after an interruption (copy done, original gone or still
 present) finishes without a second copy; a missing manifest is an error.
@@ -89,6 +90,29 @@ def test_folder_outside_root_is_refused(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match="not a direct child"):
         aside.move_aside_local(tmp_path, folder, kind="quarantine", tag="t", reason="x")
     assert folder.is_dir()
+
+
+def test_crash_between_reason_and_rename_keeps_the_step_then_moves_it_to_a_free_name(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The kill trials' quarantine pause point: a reason file beside no folder."""
+    folder = make_step(tmp_path, 3)
+    before = snapshot(folder)
+
+    def crash() -> None:
+        raise RuntimeError("killed mid-quarantine")
+
+    with pytest.raises(RuntimeError):
+        aside.move_aside_local(
+            tmp_path, folder, kind="quarantine", tag="t-a0", reason="one", before_rename=crash
+        )
+    assert snapshot(folder) == before  # still in place, untouched
+    parent = aside.aside_dir(tmp_path, kind="quarantine", tag="t-a0")
+    assert (parent / f"{folder.name}{aside.REASON_SUFFIX}").is_file()
+    moved = aside.move_aside_local(tmp_path, folder, kind="quarantine", tag="t-a0", reason="two")
+    assert moved.name == f"{folder.name}.1"  # the orphan reason's name is not reused
+    assert snapshot(moved) == before
+    assert [e.folder for e in aside.observe(tmp_path)] == [moved]
 
 
 # -- S3 ----------------------------------------------------------------------

@@ -116,12 +116,15 @@ def move_aside_local(
     kind: Kind,
     tag: str,
     reason: str,
+    before_rename: typing.Callable[[], None] | None = None,
 ) -> pathlib.Path:
     """Rename `folder` (a direct child of root) to `<root>/.cairn/<kind>/<tag>/`.
 
     Writes `<name>.reason.txt` beside it first, renames, fsyncs both parents;
     returns the new path. Never deletes: on any error the folder stays where
-    it was (or is fully moved) and the error is raised.
+    it was (or is fully moved) and the error is raised. `before_rename` runs
+    between the reason file and the rename (the kill trials' pause point: a
+    reason file beside no folder is what a crash there leaves).
     """
     root = pathlib.Path(root)
     folder = pathlib.Path(folder)
@@ -134,6 +137,8 @@ def move_aside_local(
     name = _free_name(target_parent, folder.name)
     target = target_parent / name
     _write_durably(target_parent / f"{name}{REASON_SUFFIX}", _reason_bytes(kind, folder, reason))
+    if before_rename is not None:
+        before_rename()
     # Directory rename: atomic, and os.rename onto an existing non-empty
     # folder fails, which _free_name already avoided.
     os.rename(folder, target)

@@ -19,7 +19,17 @@ ENV_FAULT = "CAIRN_CKPT_FAULT"
 ENV_FAULT_DIR = "CAIRN_CKPT_FAULT_DIR"
 ENV_FAULT_SLEEP = "CAIRN_CKPT_FAULT_SLEEP"
 
-PHASES = ("staging", "write", "commit", "upload", "marker", "rotate", "supersede", "restore")
+PHASES = (
+    "staging",
+    "write",
+    "commit",
+    "upload",
+    "marker",
+    "rotate",
+    "supersede",
+    "restore",
+    "quarantine",
+)
 
 
 def pause_point(phase: str, *, rank: int, step: int) -> None:

@@ -259,7 +259,13 @@ def _quarantine_local(
     ctx: fetch_mod.Context, folder: pathlib.Path, step: int, reason: str
 ) -> pathlib.Path:
     moved = aside.move_aside_local(
-        ctx.opts.directory, folder, kind="quarantine", tag=ctx.tag, reason=reason
+        ctx.opts.directory,
+        folder,
+        kind="quarantine",
+        tag=ctx.tag,
+        reason=reason,
+        # mid-quarantine: the reason file is written, the folder not yet moved
+        before_rename=lambda: faults.pause_point("quarantine", rank=ctx.rank, step=step),
     )
     ctx.emit("quarantined", step, f"local copy moved to {moved}: {reason}")
     return moved
