@@ -6,7 +6,10 @@ Covers `aside.plan_prune` / `aside.prune` through `rotation.rotate`:
 - another job's quarantined/superseded folders (a re-created job on an old
   volume), `legacy` superseded steps and every `foreign` folder are never
   deleted, however many there are;
-- the committed steps in the main namespace are untouched by the pruning.
+- the committed steps in the main namespace are untouched by the pruning;
+- a reason file beside no folder (a crash between the reason file and the
+  rename) of this job is removed once older than the grace; a young one (a
+  move in flight), one whose folder exists, and another job's are kept.
 """
 
 from __future__ import annotations
@@ -110,3 +113,27 @@ def test_plan_prune_counts_every_folder_of_a_kind_toward_keep(tmp_path: pathlib.
     entries = aside.observe(tmp_path)
     assert [e.folder for e in aside.plan_prune(entries, job_uid=UID, keep=1)] == [own_old]
     assert aside.plan_prune(entries, job_uid=UID, keep=2) == ()
+
+
+def test_orphaned_reason_files_of_this_job_are_pruned_after_the_grace(
+    tmp_path: pathlib.Path,
+) -> None:
+    tag = f"{UID[:8]}-a1"
+    kept = _move(tmp_path, 10, kind="quarantine", tag=tag, at=1000.0)
+    parent = aside.aside_dir(tmp_path, kind="quarantine", tag=tag)
+    old_orphan = parent / f"step-00000011{aside.REASON_SUFFIX}"
+    young_orphan = parent / f"step-00000012{aside.REASON_SUFFIX}"
+    other_tag = aside.aside_dir(tmp_path, kind="quarantine", tag=f"{OTHER[:8]}-a1")
+    other_tag.mkdir(parents=True)
+    others_orphan = other_tag / f"step-00000013{aside.REASON_SUFFIX}"
+    for path in (old_orphan, young_orphan, others_orphan):
+        path.write_text("kind: quarantine\n")
+    for path in (old_orphan, others_orphan):
+        os.utime(path, (1000.0, 1000.0))
+
+    _rotate(tmp_path, keep_aside=5)
+
+    assert not old_orphan.exists()
+    assert young_orphan.exists(), "a move in flight keeps its reason file"
+    assert others_orphan.exists(), "another job's files are never ours to delete"
+    assert kept.exists() and kept.with_name(f"{kept.name}{aside.REASON_SUFFIX}").exists()

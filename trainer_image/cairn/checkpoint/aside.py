@@ -41,6 +41,7 @@ import logging
 import os
 import pathlib
 import shutil
+import time
 import typing
 
 import botocore.exceptions
@@ -312,11 +313,56 @@ def plan_prune(
 
 
 def prune(root: pathlib.Path, *, job_uid: str | None, keep: int) -> list[pathlib.Path]:
-    """Delete what `plan_prune` allows (folder, then its reason file); returns them."""
+    """Delete what `plan_prune` allows (folder, then its reason file), and this
+    job's orphaned reason files (`orphan_reasons`); returns the folders."""
     deleted: list[pathlib.Path] = []
     for entry in plan_prune(observe(root), job_uid=job_uid, keep=keep):
         shutil.rmtree(entry.folder, ignore_errors=True)
         entry.folder.with_name(f"{entry.folder.name}{REASON_SUFFIX}").unlink(missing_ok=True)
         log.info("removed %s folder %s (beyond the newest %d kept)", entry.kind, entry.folder, keep)
         deleted.append(entry.folder)
+    for orphan in orphan_reasons(root, job_uid=job_uid):
+        orphan.unlink(missing_ok=True)
+        log.info("removed %s: a reason file beside no folder (a crash before its move)", orphan)
     return deleted
+
+
+ORPHAN_GRACE_SECONDS = 600.0
+"""A reason file younger than this may belong to a move in flight (written,
+not yet renamed): left alone."""
+
+
+def orphan_reasons(
+    root: pathlib.Path,
+    *,
+    job_uid: str | None,
+    now: float | None = None,
+    grace: float = ORPHAN_GRACE_SECONDS,
+) -> list[pathlib.Path]:
+    """Reason files of this job's prunable kinds with no folder beside them.
+
+    `move_aside_local` writes the reason file before its rename, so a crash
+    between the two leaves one (the next attempt quarantines under its own
+    tag): without this they would pile up, one per such crash. Only this
+    job's tags (as `plan_prune`), only files older than `grace`; a file
+    whose folder exists is the folder's, and `foreign` is never touched.
+    """
+    own = f"{layout.uid8(job_uid)}-a"
+    current = time.time() if now is None else now
+    found: list[pathlib.Path] = []
+    for kind in PRUNABLE:
+        base = root / ASIDE_DIR / kind
+        if not base.is_dir():
+            continue
+        for tag_dir in sorted(base.iterdir()):
+            if not tag_dir.name.startswith(own) or tag_dir.is_symlink() or not tag_dir.is_dir():
+                continue
+            for reason in sorted(tag_dir.glob(f"*{REASON_SUFFIX}")):
+                folder = reason.with_name(reason.name[: -len(REASON_SUFFIX)])
+                try:
+                    old = current - reason.lstat().st_mtime > grace
+                except OSError:
+                    continue
+                if old and reason.is_file() and not reason.is_symlink() and not folder.exists():
+                    found.append(reason)
+    return found
