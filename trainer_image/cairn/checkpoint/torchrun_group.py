@@ -3,9 +3,11 @@
 torchrun's elastic agent (``--max-restarts``, set from
 ``spec.torchrun.maxInPlaceRestarts``) restarts its workers in the same pod
 when one dies, and gives each new worker group ``TORCHELASTIC_RESTART_COUNT``
-(0 for the first). That count is the writer's ``group``, as
-``CAIRN_RAY_GROUP`` is for a Ray rank-actor group: a writer's identity is
-(attempt, group), so the local fence file and ``ApiFence`` refuse a stale group.
+(0 for the first). Under c10d each node's agent counts only its own
+workers' failures, so the writer's ``group`` is the sum of that count over
+every rank (``wiring.with_torchrun_group``), as ``CAIRN_RAY_GROUP`` is for a
+Ray rank-actor group: a writer's identity is (attempt, group), so the local
+fence file and ``ApiFence`` refuse a stale group.
 
 Rank 0 of a restarted group records it in ``status.torchrun`` (same
 vocabulary as ``status.ray``: ``group``, ``inPlaceRestarts``,
