@@ -24,17 +24,14 @@ import dataclasses
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
-from cairn.devcluster import adminapi, build, errors, kueue, pki, processes
+from cairn.devcluster import adminapi, build, errors, gomanager, kueue, processes
 
 Target = adminapi.Target
 
@@ -206,27 +203,19 @@ def state_dir(target: Target) -> pathlib.Path:
 
 def _ensure_certs(target: Target) -> pathlib.Path:
     """The webhook's serving cert from the cluster's CA, where the manager reads it."""
-    pki.ensure_serving(
-        target.state.pki,
+    return gomanager.serving_certs(
+        target,
         stem=WEBHOOK_CERT_STEM,
         common_name="jobset-webhook",
-        ips=("127.0.0.1",),
-        dns=("localhost",),
+        cert_dir=state_dir(target) / "certs",
     )
-    cert_dir = state_dir(target) / "certs"
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    for src, dst in ((".crt", "tls.crt"), (".key", "tls.key")):
-        (cert_dir / dst).write_bytes((target.state.pki / f"{WEBHOOK_CERT_STEM}{src}").read_bytes())
-        (cert_dir / dst).chmod(0o600)
-    return cert_dir
 
 
 # --------------------------------------------------------------- lifecycle
 
 
 def running(target: Target) -> bool:
-    tracked = processes.read_pidfile(target.state.pidfile(COMPONENT))
-    return tracked is not None and processes.is_alive(tracked)
+    return gomanager.running(target, COMPONENT)
 
 
 def pid(target: Target) -> int:
@@ -234,14 +223,6 @@ def pid(target: Target) -> int:
     if tracked is None or not processes.is_alive(tracked):
         raise errors.DevclusterError("the JobSet manager is not running")
     return tracked.pid
-
-
-def _healthy(ports: JobSetPorts) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{ports.health}/readyz", timeout=2) as resp:
-            return int(resp.status) == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _webhooks_answer(target: Target) -> bool:
@@ -256,16 +237,6 @@ def _webhooks_answer(target: Target) -> bool:
     return status in (200, 201, 409)
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def up(
     target: Target,
     *,
@@ -276,18 +247,15 @@ def up(
     """(Re)start the manager with `limits` (bounded); the seconds the build took."""
     build_seconds = build.build(BUNDLE, log=target.state.log("build-jobset"))
     processes.stop_pidfile(target.state.pidfile(COMPONENT), grace_seconds=STOP_GRACE_SECONDS)
-    busy = [p for p in (ports.webhook, ports.health) if not _port_free(p)]
-    if busy:
-        raise errors.DevclusterError(
-            f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 already in use: JobSet's "
-            f"webhook/probes need them; stop whatever holds them"
-        )
+    gomanager.refuse_busy_ports((ports.webhook, ports.health), who="JobSet")
     cert_dir = _ensure_certs(target)
     config_path = state_dir(target) / "config.yaml"
     config_path.write_text(yaml.safe_dump(manager_config(cert_dir=cert_dir, ports=ports)))
     root = module_dir()
     kueue.apply(target, crd(root))
-    _wait_established(target)
+    gomanager.wait_established(
+        target, [CRD_NAME], failure=lambda _: f"the {CRD_NAME} CRD was not Established in 60 s"
+    )
     manifests = [m for m in yaml.safe_load_all((root / WEBHOOK_MANIFESTS_IN_MODULE).read_text())]
     for config in webhook_configurations(
         [m for m in manifests if m],
@@ -309,27 +277,15 @@ def up(
     return build_seconds
 
 
-def _wait_established(target: Target) -> None:
-    deadline = time.monotonic() + 60.0
-    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
-    while time.monotonic() < deadline:
-        status, body = kueue.api_request(target, "GET", path)
-        conditions = ((body.get("status") or {}).get("conditions") or []) if status == 200 else []
-        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-            return
-        time.sleep(0.2)
-    raise errors.DevclusterError(f"the {CRD_NAME} CRD was not Established in 60 s")
-
-
 def _wait_ready(target: Target, ports: JobSetPorts, *, deadline: float) -> None:
-    log = target.state.log(COMPONENT)
-    while time.monotonic() < deadline:
-        if not running(target):
-            raise errors.DevclusterError(f"the JobSet manager exited while starting; see {log}")
-        if _healthy(ports) and _webhooks_answer(target):
-            return
-        time.sleep(0.25)
-    raise errors.DevclusterError(f"timed out waiting for JobSet's webhooks; see {log}")
+    gomanager.wait_ready(
+        target,
+        component=COMPONENT,
+        ready=lambda: gomanager.ready_probe(ports.health) and _webhooks_answer(target),
+        deadline=deadline,
+        exited="the JobSet manager exited while starting",
+        timed_out="timed out waiting for JobSet's webhooks",
+    )
 
 
 def installed_paths() -> list[str]:

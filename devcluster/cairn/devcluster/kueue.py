@@ -23,7 +23,6 @@ import json
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -34,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from cairn.devcluster import adminapi, build, errors, pki, processes
+from cairn.devcluster import adminapi, build, errors, gomanager, processes
 
 Target = adminapi.Target
 
@@ -335,23 +334,18 @@ def state_dir(target: Target) -> pathlib.Path:
 
 def _ensure_certs(target: Target) -> pathlib.Path:
     """The webhook's serving cert from the devcluster CA, where Kueue reads it."""
-    pki.ensure_serving(
-        target.state.pki,
+    cert_dir = gomanager.serving_certs(
+        target,
         stem=WEBHOOK_CERT_STEM,
         common_name="kueue-webhook",
-        ips=("127.0.0.1",),
-        dns=("localhost",),
+        cert_dir=state_dir(target) / "certs",
     )
-    cert_dir = state_dir(target) / "certs"
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    for src, dst in ((".crt", "tls.crt"), (".key", "tls.key")):
-        _copy_private(target.state.pki / f"{WEBHOOK_CERT_STEM}{src}", cert_dir / dst)
     # Kueue only loads these (metrics are off); a pair someone put there stays.
     if not ((METRICS_CERT_DIR / "tls.crt").exists() and (METRICS_CERT_DIR / "tls.key").exists()):
         try:
             METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
             for name in ("tls.crt", "tls.key"):
-                _copy_private(cert_dir / name, METRICS_CERT_DIR / name)
+                gomanager.copy_private(cert_dir / name, METRICS_CERT_DIR / name)
         except OSError as exc:
             raise errors.DevclusterError(
                 f"cannot write {METRICS_CERT_DIR}/tls.{{crt,key}} ({exc.strerror}): Kueue "
@@ -360,25 +354,11 @@ def _ensure_certs(target: Target) -> pathlib.Path:
     return cert_dir
 
 
-def _copy_private(src: pathlib.Path, dst: pathlib.Path) -> None:
-    dst.write_bytes(src.read_bytes())
-    dst.chmod(0o600)
-
-
 # --------------------------------------------------------------- lifecycle
 
 
 def running(target: Target) -> bool:
-    tracked = processes.read_pidfile(target.state.pidfile(COMPONENT))
-    return tracked is not None and processes.is_alive(tracked)
-
-
-def _healthy(ports: KueuePorts) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{ports.health}/readyz", timeout=2) as resp:
-            return int(resp.status) == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    return gomanager.running(target, COMPONENT)
 
 
 def workload(
@@ -424,17 +404,7 @@ def _webhooks_answer(target: Target) -> bool:
 
 
 def _ready(target: Target, ports: KueuePorts) -> bool:
-    return running(target) and _healthy(ports) and _webhooks_answer(target)
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    return running(target) and gomanager.ready_probe(ports.health) and _webhooks_answer(target)
 
 
 @contextlib.contextmanager
@@ -479,12 +449,7 @@ def up(
 def _start(target: Target, ports: KueuePorts) -> None:
     # A pidfile of a dead manager (crash, reboot) would read as "exited" below.
     processes.stop_pidfile(target.state.pidfile(COMPONENT), grace_seconds=STOP_GRACE_SECONDS)
-    busy = [p for p in (ports.webhook, ports.health) if not _port_free(p)]
-    if busy:
-        raise errors.DevclusterError(
-            f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 already in use: Kueue's "
-            f"webhook/probes need them; stop whatever holds them"
-        )
+    gomanager.refuse_busy_ports((ports.webhook, ports.health), who="Kueue")
     cert_dir = _ensure_certs(target)
     config_path = state_dir(target) / "config.yaml"
     config_path.write_text(yaml.safe_dump(manager_config(cert_dir=cert_dir, ports=ports)))
@@ -512,33 +477,20 @@ def _start(target: Target, ports: KueuePorts) -> None:
 
 
 def _wait_established(target: Target, names: list[str]) -> None:
-    deadline = time.monotonic() + 60.0
-    pending = set(names)
-    while pending and time.monotonic() < deadline:
-        for name in sorted(pending):
-            status, body = api_request(
-                target, "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
-            )
-            # A CRD created a moment ago has `status.conditions: null`.
-            conditions = (
-                ((body.get("status") or {}).get("conditions") or []) if status == 200 else []
-            )
-            if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
-                pending.discard(name)
-        time.sleep(0.2 if pending else 0)
-    if pending:
-        raise errors.DevclusterError(f"Kueue CRDs not Established in 60 s: {sorted(pending)}")
+    gomanager.wait_established(
+        target, names, failure=lambda pending: f"Kueue CRDs not Established in 60 s: {pending}"
+    )
 
 
 def _wait_ready(target: Target, ports: KueuePorts, *, deadline: float) -> None:
-    log = target.state.log(COMPONENT)
-    while time.monotonic() < deadline:
-        if not running(target):
-            raise errors.DevclusterError(f"Kueue exited while starting; see {log}")
-        if _healthy(ports) and _webhooks_answer(target):
-            return
-        time.sleep(0.25)
-    raise errors.DevclusterError(f"timed out waiting for Kueue's webhooks; see {log}")
+    gomanager.wait_ready(
+        target,
+        component=COMPONENT,
+        ready=lambda: gomanager.ready_probe(ports.health) and _webhooks_answer(target),
+        deadline=deadline,
+        exited="Kueue exited while starting",
+        timed_out="timed out waiting for Kueue's webhooks",
+    )
 
 
 def down(target: Target) -> None:
