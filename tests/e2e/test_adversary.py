@@ -76,7 +76,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cairn.api import podenv, trainingjob
@@ -184,13 +183,7 @@ def bucket(kube: Kube) -> Iterator[str]:
     s3.create_bucket(Bucket=name)
     kube.core.create_namespaced_secret(
         kube.namespace,
-        client.V1Secret(
-            metadata=client.V1ObjectMeta(name=SECRET),
-            string_data={
-                "AWS_ACCESS_KEY_ID": creds.access_key,
-                "AWS_SECRET_ACCESS_KEY": creds.secret_key,
-            },
-        ),
+        kh.s3_secret(SECRET, access_key=creds.access_key, secret_key=creds.secret_key),
     )
     try:
         yield name

@@ -1,4 +1,4 @@
-"""Helpers for tests against the devcluster: namespaces and bounded waits."""
+"""Helpers for tests against the devcluster: namespaces, bounded waits, the S3 Secret."""
 
 import time
 import uuid
@@ -86,3 +86,11 @@ def pod_log(core: client.CoreV1Api, name: str, namespace: str, **kwargs: Any) ->
     """The raw log text (the client would otherwise parse JSON-looking logs)."""
     response = core.read_namespaced_pod_log(name, namespace, _preload_content=False, **kwargs)
     return str(response.data.decode())
+
+
+def s3_secret(name: str, *, access_key: str, secret_key: str) -> client.V1Secret:
+    """The Secret a TrainingJob's ``upload.credentialsSecret`` names (the S3 key pair)."""
+    return client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name),
+        string_data={"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key},
+    )

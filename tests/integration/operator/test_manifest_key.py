@@ -22,7 +22,6 @@ import uuid
 from typing import Any
 
 import pytest
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from cairn.api import manifest as manifest_mod
@@ -94,13 +93,7 @@ def test_manifest_key_secret_mounts_and_signed_verification(
     s3.create_bucket(Bucket=bucket)
     kube.core.create_namespaced_secret(
         kube.namespace,
-        client.V1Secret(
-            metadata=client.V1ObjectMeta(name=SECRET),
-            string_data={
-                "AWS_ACCESS_KEY_ID": creds.access_key,
-                "AWS_SECRET_ACCESS_KEY": creds.secret_key,
-            },
-        ),
+        kh.s3_secret(SECRET, access_key=creds.access_key, secret_key=creds.secret_key),
     )
     try:
         _run(kube, tmp_path, opts=opts, s3=s3, bucket=bucket)

@@ -126,13 +126,7 @@ def prepared(devcluster: DevclusterHandle) -> Iterator[Env]:
         creds = devcluster.s3_credentials
         devcluster.core.create_namespaced_secret(
             namespace,
-            client.V1Secret(
-                metadata=client.V1ObjectMeta(name=SECRET),
-                string_data={
-                    "AWS_ACCESS_KEY_ID": creds.access_key,
-                    "AWS_SECRET_ACCESS_KEY": creds.secret_key,
-                },
-            ),
+            kh.s3_secret(SECRET, access_key=creds.access_key, secret_key=creds.secret_key),
         )
         try:
             yield found

@@ -77,13 +77,7 @@ class Tenant:
         creds = self.creds = devcluster.s3_credentials
         devcluster.core.create_namespaced_secret(
             namespace,
-            client.V1Secret(
-                metadata=client.V1ObjectMeta(name=SECRET),
-                string_data={
-                    "AWS_ACCESS_KEY_ID": creds.access_key,
-                    "AWS_SECRET_ACCESS_KEY": creds.secret_key,
-                },
-            ),
+            kh.s3_secret(SECRET, access_key=creds.access_key, secret_key=creds.secret_key),
         )
 
     def opts(self, name: str) -> options.S3Options:
