@@ -24,8 +24,12 @@ what the hostile jobs' status says. Everything it made is deleted at the
 end. Writes ``bench/results/tenant-scale-<jobs>-*.json``.
 
 Usage (devcluster up, from the repository root):
-``PYTHONPATH=. python bench/tenant_scale.py [--jobs 200] [--objects 100000] [--rounds 3]``
-Not part of the test suite.
+``PYTHONPATH=. python bench/tenant_scale.py [--jobs 200] [--objects 100000] [--rounds 3]
+[--keep-flood] [--threads N]``. With ``--keep-flood`` the flooded prefix lives
+in a bucket of its own (``cairn-bench-flood``) that is kept at the end, and a
+later run with the flag reuses its objects when they are all there (its owner
+record is removed so the new ``flood`` job can claim it); the record says
+which it did (``flood_reused``). Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ from typing import Any
 
 MiB = 1024 * 1024
 FLOOD, BIG, HUNG = "flood", "big", "hung"
+FLOOD_BUCKET = "cairn-bench-flood"
+"""Where ``--keep-flood`` keeps the flooded prefix between runs."""
 CHART_VALUES = pathlib.Path(__file__).resolve().parent.parent / "charts/cairn/values.yaml"
 
 
@@ -99,10 +105,11 @@ def as_cairns(made: dict[str, Any]) -> dict[str, Any]:
 
 async def one_round(
     api: Any, *, healthy: list[dict[str, Any]], hostile: list[dict[str, Any]], settings: Any
-) -> tuple[list[float], dict[str, float]]:
+) -> tuple[list[float], dict[str, float], dict[str, int]]:
     """Seconds from first sight to each healthy job's first pass done, in a runtime of
-    its own with ``hostile`` seen first; and when each hostile pass (not the hung
-    one, which ends at its deadline) was done, waited for so no round overlaps."""
+    its own with ``hostile`` seen first; when each hostile pass (not the hung
+    one, which ends at its deadline) was done, waited for so no round overlaps;
+    and the listing slices each hostile job's first pass took (``core.s3slice``)."""
     from cairn.operator import runtime
 
     state = runtime.Runtime(api=api, settings=settings)
@@ -126,7 +133,8 @@ async def one_round(
                 if key not in done and state.s3_loop.passes[(key, "periodic")]:
                     done[key] = time.monotonic() - start
             await asyncio.sleep(0.01)
-        return [done[k] for k in keys], {k[1]: done[k] for k in awaited}
+        slices = {k[1]: state.s3_loop.slices[k] for k in awaited}
+        return [done[k] for k in keys], {k[1]: done[k] for k in awaited}, slices
     finally:
         task.cancel()
         state.close()
@@ -199,6 +207,7 @@ def operator_side(spec: dict[str, Any]) -> dict[str, Any]:
             initial_delay_seconds=0.05,
             interval_seconds=600.0,
             pass_deadline_seconds=spec["pass_deadline"],
+            threads=spec["threads"],
         )
     )
     rss_idle = status_kib("VmRSS")
@@ -209,11 +218,13 @@ def operator_side(spec: dict[str, Any]) -> dict[str, Any]:
     hostile_seconds: dict[str, list[float]] = {}
     flood_prefix = f"runs/{FLOOD}/"
     flood_listed: list[int] = []
+    flood_slices: list[int] = []
     for _ in range(spec["rounds"]):
         alone += asyncio.run(one_round(api, hostile=[], **kw))[0]
         before = listed.by_prefix.get(flood_prefix, 0)
-        seconds, ended = asyncio.run(one_round(api, hostile=hostile, **kw))
+        seconds, ended, slices = asyncio.run(one_round(api, hostile=hostile, **kw))
         beside += seconds
+        flood_slices.append(slices.get(FLOOD, 0))
         flood_listed.append(listed.by_prefix.get(flood_prefix, 0) - before)
         for name, at in ended.items():
             hostile_seconds.setdefault(name, []).append(round(at, 3))
@@ -238,6 +249,7 @@ def operator_side(spec: dict[str, Any]) -> dict[str, Any]:
         "rss_sampled_peak_kib": sampler.peak_kib,
         "vm_hwm_kib": status_kib("VmHWM"),
         "flood_keys_listed_per_pass": flood_listed,
+        "flood_slices_per_pass": flood_slices,
         "hostile_pass_done_s": hostile_seconds,
         "hostile_storage_status": status,
     }
@@ -258,6 +270,23 @@ def flood(s3: Any, bucket: str, *, prefix: str, count: int, threads: int) -> flo
         for _ in pool.map(put, range(count)):
             pass
     return time.monotonic() - started
+
+
+def flood_marker(count: int) -> str:
+    """The object ``--keep-flood`` writes once ``count`` flood objects are all there
+    (outside the flooded prefix)."""
+    return f"complete-{count}"
+
+
+def flood_kept(s3: Any, *, count: int) -> bool:
+    """Whether the kept bucket holds a complete flood of ``count`` objects; if so its
+    owner record (a job of an earlier run) is removed, so the new job claims it."""
+    try:
+        s3.head_object(Bucket=FLOOD_BUCKET, Key=flood_marker(count))
+    except s3.exceptions.ClientError:
+        return False
+    s3.delete_object(Bucket=FLOOD_BUCKET, Key=f"runs/{FLOOD}/.cairn/owner.json")
+    return True
 
 
 def drop_bucket(s3: Any, bucket: str, *, threads: int) -> None:
@@ -311,6 +340,7 @@ def summary(seen: dict[str, Any], *, limit_mib: int) -> dict[str, Any]:
         "chart_memory_limit_mib": limit_mib,
         "rss_peak_under_limit": peak < limit_mib,
         "flood_keys_listed_per_pass": seen["flood_keys_listed_per_pass"],
+        "flood_slices_per_pass": seen["flood_slices_per_pass"],
         "hostile_pass_done_s": seen["hostile_pass_done_s"],
         "hostile_storage_status": seen["hostile_storage_status"],
     }
@@ -325,6 +355,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--put-threads", type=int, default=32)
     parser.add_argument("--pass-deadline", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="S3 threads (default: the operator's)"
+    )
+    parser.add_argument(
+        "--keep-flood",
+        action="store_true",
+        help=f"flood in bucket {FLOOD_BUCKET}, kept; reused when complete",
+    )
     parser.add_argument("--operator", help=argparse.SUPPRESS)  # the child: a JSON spec
     args = parser.parse_args(argv)
     if args.operator:
@@ -339,6 +377,7 @@ def bench(args: argparse.Namespace) -> int:
     import record  # bench/, next to this script
 
     from cairn.devcluster import cluster
+    from cairn.operator.core import tunables
     from tests.conftest import DevclusterHandle
     from tests.integration.devcluster import kube_helpers as kh
     from tests.integration.storage import test_tenant_caps as caps
@@ -386,23 +425,34 @@ def bench(args: argparse.Namespace) -> int:
         timings["healthy_setup_s"] = round(time.monotonic() - started, 1)
         big = bad.create(BIG)
         write_step(bad.opts(BIG), tmp / BIG, 10, job_uid=big["metadata"]["uid"])
-        bad.create(FLOOD)
+        flooded = bad
+        if args.keep_flood:
+            flooded = copy.copy(bad)  # the same namespace and Secret, the kept bucket
+            flooded.bucket = FLOOD_BUCKET
+        flooded.create(FLOOD)
         huge = caps.huge_manifest(step=20, size=16 * MiB)
-        for name in (BIG, FLOOD):
-            key = f"runs/{name}/step-000000020/manifest.json"
-            s3.put_object(Bucket=bad.bucket, Key=key, Body=huge)
+        s3.put_object(Bucket=bad.bucket, Key=f"runs/{BIG}/step-000000020/manifest.json", Body=huge)
+        reused = args.keep_flood and flood_kept(s3, count=args.objects)
+        if not reused:
+            if args.keep_flood:
+                with contextlib.suppress(s3.exceptions.ClientError):
+                    s3.create_bucket(Bucket=FLOOD_BUCKET)
+            key = f"runs/{FLOOD}/step-000000020/manifest.json"
+            s3.put_object(Bucket=flooded.bucket, Key=key, Body=huge)
+            timings["flood_put_s"] = round(
+                flood(
+                    s3,
+                    flooded.bucket,
+                    prefix=f"runs/{FLOOD}/",
+                    count=args.objects,
+                    threads=args.put_threads,
+                ),
+                1,
+            )
+            timings["flood_puts_per_s"] = round(args.objects / timings["flood_put_s"])
+            if args.keep_flood:
+                s3.put_object(Bucket=FLOOD_BUCKET, Key=flood_marker(args.objects), Body=b"")
         del huge
-        timings["flood_put_s"] = round(
-            flood(
-                s3,
-                bad.bucket,
-                prefix=f"runs/{FLOOD}/",
-                count=args.objects,
-                threads=args.put_threads,
-            ),
-            1,
-        )
-        timings["flood_puts_per_s"] = round(args.objects / timings["flood_put_s"])
         print(f"set up: {timings}", flush=True)
         with caps.hung_store() as endpoint:
             bad.create(HUNG, endpoint=endpoint)
@@ -412,6 +462,7 @@ def bench(args: argparse.Namespace) -> int:
                 "hostile_ns": spaces[1],
                 "rounds": args.rounds,
                 "pass_deadline": args.pass_deadline,
+                "threads": args.threads or tunables.DEFAULT.storage.threads,
             }
             child_env = dict(
                 os.environ,
@@ -433,7 +484,6 @@ def bench(args: argparse.Namespace) -> int:
         seen = json.loads(done.stdout.strip().splitlines()[-1])
         cleanup_started = time.monotonic()
     timings["cleanup_s"] = round(time.monotonic() - cleanup_started, 1)
-    from cairn.operator.core import tunables
 
     figures = {**summary(seen, limit_mib=chart_memory_limit_mib()), "timings": timings}
     params = {
@@ -444,7 +494,10 @@ def bench(args: argparse.Namespace) -> int:
         "hostile_jobs": [FLOOD, BIG, HUNG],
         "rounds": args.rounds,
         "seed": seed,
-        "threads": tunables.DEFAULT.storage.threads,
+        "threads": args.threads or tunables.DEFAULT.storage.threads,
+        "list_pages_per_pass": tunables.DEFAULT.s3.list_pages_per_pass,
+        "flood_bucket": FLOOD_BUCKET if args.keep_flood else "the hostile tenant's (dropped)",
+        "flood_reused": reused,
         "pass_deadline_seconds": args.pass_deadline,
         "slow_after_seconds": tunables.DEFAULT.storage.slow_after_seconds,
         "manifest_max_bytes": tunables.DEFAULT.s3.manifest_max_bytes,

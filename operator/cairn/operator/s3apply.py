@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cairn.api import retention
-from cairn.operator import jobapply, kubeapi, s3observe
+from cairn.operator import jobapply, kubeapi, s3list, s3observe
 from cairn.operator.core import k8stypes, s3plan, tunables
 
 if typing.TYPE_CHECKING:
@@ -87,7 +87,7 @@ def delete_prefix(s3: S3Client, target: s3observe.Target) -> int:
     Only the writer's layout (``step-<N>/...``) is deleted: an object of
     another name under the prefix was not written by Cairn and stays.
     """
-    steps = s3observe.list_steps(s3, target)
+    steps = s3list.list_steps(s3, target)
     keys = [target.key(step, path) for step, objects in steps.items() for path in objects]
     return delete_keys(s3, target.bucket, keys)
 

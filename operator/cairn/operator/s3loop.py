@@ -20,6 +20,11 @@ threads, so one tenant's hung endpoint never delays the other jobs' passes.
   is written only if what S3 holds changed);
 - a job being deleted, managed by another controller or without
   ``upload``: no pass (``onDelete`` does its own S3 work).
+
+A pass that listed its share of a long listing (``core.s3slice``: the
+result ``goes_on``) is due again at once, behind the passes already due, and
+does not count as a pass; a listing that reached ``list_max_keys`` puts the
+job's next pass off by ``s3slice.cap_backoff`` instead of the interval.
 """
 
 from __future__ import annotations
@@ -31,13 +36,14 @@ import copy
 import dataclasses
 import heapq
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from cairn.api import trainingjob
 from cairn.operator import prefixindex, s3observe
-from cairn.operator.core import jobobserve, s3fair, s3plan, tunables
+from cairn.operator.core import jobobserve, s3fair, s3plan, s3slice, tunables
 
 LOG = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -133,6 +139,8 @@ class S3Loop:
         self._wake = asyncio.Event()
         self.passes: collections.Counter[tuple[Key, s3plan.PassKind]] = collections.Counter()
         """Passes run so far, by job and kind (for tests and the bench)."""
+        self.slices: collections.Counter[Key] = collections.Counter()
+        """Passes that listed a share of a listing that goes on, by job."""
 
     def scheduled(self, key: Key) -> bool:
         """Whether the job has a pass to come (or one running)."""
@@ -301,12 +309,16 @@ class S3Loop:
         entry = self._jobs.get(key)
         generation = entry.job.metadata.generation if entry else 0
         kind = entry.kind if entry else None
+        result: Any = None
         try:
             if entry is not None and kind is not None:
                 raw = entry.written.freshest(copy.deepcopy(entry.raw))
                 result = await self._run_pass(key, raw, entry.job, entry.caches)
                 entry.written.record(raw, getattr(result, "patched_object", None))
-                self.passes[(key, kind)] += 1
+                if getattr(result, "goes_on", False):
+                    self.slices[key] += 1
+                else:
+                    self.passes[(key, kind)] += 1
         except Exception:  # keep the loop alive; the next pass tries again
             LOG.exception("S3 pass of %s/%s failed", *key)
         finally:
@@ -314,14 +326,20 @@ class S3Loop:
             if running is not None:
                 self._ended_pass(key, entry, running)
             if entry is not None and kind is not None:
-                self._after(key, entry, kind=kind, generation=generation)
+                self._after(key, entry, kind=kind, generation=generation, result=result)
             self._wake.set()
 
-    def _after(self, key: Key, entry: _Entry, *, kind: s3plan.PassKind, generation: int) -> None:
-        """Reschedule after a pass: a live job in an interval, a finished one not again."""
+    def _after(
+        self, key: Key, entry: _Entry, *, kind: s3plan.PassKind, generation: int, result: Any
+    ) -> None:
+        """Reschedule after a pass: a live job in an interval (or its back-off), a
+        finished one not again; a listing that goes on at once."""
         if self._jobs.get(key) is not entry:
             return  # deleted or replaced meanwhile
         now = self._monotonic()
+        if getattr(result, "goes_on", False):
+            self._schedule(key, now)  # behind the passes already due
+            return
         if kind == "final":
             self._final_done[key] = (entry.job.metadata.uid, generation)
         wanted = s3plan.pass_wanted(
@@ -334,4 +352,17 @@ class S3Loop:
             self._schedule(key, now + self._settings.kick_delay_seconds)
         else:
             entry.kind = wanted
-            self._schedule(key, now + self._settings.interval_seconds)
+            self._schedule(key, now + self._next_interval(result))
+
+    def _next_interval(self, result: Any) -> float:
+        """The interval, or longer after listings that reached ``list_max_keys``."""
+        capped = getattr(result, "capped", 0)
+        if not isinstance(capped, int) or capped < 1:
+            return self._settings.interval_seconds
+        wait = s3slice.cap_backoff(
+            capped=capped,
+            base_seconds=self._settings.list_cap_backoff_seconds,
+            cap_seconds=self._settings.list_cap_backoff_cap_seconds,
+            draw=random.random(),
+        )
+        return max(self._settings.interval_seconds, wait)

@@ -31,7 +31,8 @@ Bounds (issue 20; what a tenant's bucket holds is untrusted): a manifest is
 never read whole past ``tunables.S3.manifest_max_bytes`` (by its listed
 size, else a ``Range``), nor kept past ``manifest_max_entries`` files; a
 listing stops past ``list_max_keys``; a ``Deadline`` stops a pass before its
-next call.
+next call. The listing itself (pages, slices over passes kept in the job's
+``s3list.ListingSlot``, the re-listing before deletions) is ``s3list``'s.
 """
 
 from __future__ import annotations
@@ -39,61 +40,31 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import time
 import typing
 from typing import Any, Generic, TypeVar
 
-import botocore.config
-import botocore.exceptions
 import pydantic
 from kubernetes.client import exceptions as k8s_exceptions
 
 from cairn.api import checkpointspec, podenv
 from cairn.api import manifest as manifest_mod
-from cairn.operator import kubeapi, s3clients
+from cairn.operator import kubeapi, s3clients, s3list
 from cairn.operator.core import names, s3plan, tunables
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 
-class StoreError(Exception):
-    """Reading or changing the prefix failed; the message carries no secrets."""
-
-
-ERRORS = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
-"""What a boto3 call raises when the store or the network fails."""
-
-
-def failure(what: str, error: Exception) -> StoreError:
-    """A ``StoreError`` naming the call and the S3 error code (never a credential)."""
-    if isinstance(error, botocore.exceptions.ClientError):
-        code = error.response.get("Error", {}).get("Code", "?")
-        return StoreError(f"{what} failed: {code}")
-    return StoreError(f"{what} failed: {type(error).__name__}: {error}")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Target:
-    """The job's prefix: ``s3://bucket/prefix``."""
-
-    bucket: str
-    prefix: str
-
-    @classmethod
-    def parse(cls, uri: str) -> Target:
-        bucket, prefix = checkpointspec.split_s3_uri(uri)
-        if not bucket or not uri.startswith("s3://"):
-            raise StoreError(f"not an s3:// URI: {uri!r}")
-        return cls(bucket=bucket, prefix=prefix)
-
-    @property
-    def base(self) -> str:
-        """Key prefix of the job's objects, with a trailing slash (or empty)."""
-        return f"{self.prefix}/" if self.prefix else ""
-
-    def key(self, step: int, path: str) -> str:
-        return f"{self.base}{manifest_mod.step_dir_name(step)}/{path}"
+StoreError = s3list.StoreError
+ERRORS = s3list.ERRORS
+failure = s3list.failure
+Target = s3list.Target
+Listed = s3list.Listed
+Deadline = s3list.Deadline
+NO_DEADLINE = s3list.NO_DEADLINE
+ListCapError = s3list.ListCapError
+ListingGoesOnError = s3list.ListingGoesOnError
+"""Re-exported from ``s3list``, the store's shared vocabulary (callers name them here)."""
 
 
 def _secret_value(data: dict[str, str], key: str, name: str) -> str:
@@ -195,84 +166,6 @@ def client_for(
     return (cache or CLIENTS).get(upload, access_key=access, secret_key=secret)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Listed:
-    size: int
-    etag: str
-
-
-class Deadline:
-    """When a pass stops starting S3 calls (monotonic seconds; None: never)."""
-
-    def __init__(self, at: float | None = None, *, seconds: float = 0.0) -> None:
-        self.at, self.seconds = at, seconds
-
-    @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        return cls(time.monotonic() + seconds, seconds=seconds)
-
-    def check(self, what: str) -> None:
-        """Raise ``StoreError`` before ``what`` once the deadline passed."""
-        if self.at is not None and time.monotonic() >= self.at:
-            raise StoreError(
-                f"S3 pass stopped at its deadline ({self.seconds:g} s) before {what}:"
-                " the store answers too slowly; the next pass goes on"
-            )
-
-
-NO_DEADLINE = Deadline()
-
-
-def list_steps(s3: S3Client, target: Target) -> dict[int, dict[str, Listed]]:
-    """Every object under ``<prefix>/step-<N>/``, by step and relative path (no cap:
-    the ``onDelete`` cleanup must see the whole prefix)."""
-    return _list(s3, target, max_keys=None)[0]
-
-
-def _list(
-    s3: S3Client, target: Target, *, max_keys: int | None, deadline: Deadline = NO_DEADLINE
-) -> tuple[dict[int, dict[str, Listed]], frozenset[int]]:
-    """``list_steps``, plus the steps named by a manifest moved aside under
-    ``<prefix>/.cairn/<kind>/<tag>/step-<N>/manifest.json``. Past ``max_keys``
-    objects it stops with ``StoreError``: a tenant's prefix never costs the
-    operator more memory than that."""
-    steps: dict[int, dict[str, Listed]] = {}
-    aside: set[int] = set()
-    seen = 0
-    try:
-        pages = s3.get_paginator("list_objects_v2").paginate(
-            Bucket=target.bucket, Prefix=target.base
-        )
-        for page in pages:
-            contents = page.get("Contents", [])
-            seen += len(contents)
-            if max_keys is not None and seen > max_keys:
-                raise StoreError(
-                    f"s3://{target.bucket}/{target.base} holds more than {max_keys} objects"
-                    " (the operator's S3.list_max_keys): not verified, nothing deleted"
-                )
-            deadline.check("the next page of the listing")
-            for obj in contents:
-                rest = obj["Key"][len(target.base) :]
-                folder, _, path = rest.partition("/")
-                if folder == ".cairn":
-                    parts = path.split("/")
-                    if len(parts) >= 2 and parts[-1] == manifest_mod.MANIFEST_NAME:
-                        moved = manifest_mod.parse_step_dir_name(parts[-2])
-                        if moved is not None:
-                            aside.add(moved)
-                    continue
-                step = manifest_mod.parse_step_dir_name(folder)
-                if step is None or not path:
-                    continue
-                steps.setdefault(step, {})[path] = Listed(
-                    size=int(obj.get("Size", 0)), etag=str(obj.get("ETag", ""))
-                )
-    except ERRORS as error:
-        raise failure(f"listing s3://{target.bucket}/{target.base}", error) from None
-    return steps, frozenset(aside)
-
-
 _V = TypeVar("_V")
 
 
@@ -315,6 +208,8 @@ class Caches:
     verdicts: EtagCache[s3plan.Checked] = dataclasses.field(
         default_factory=lambda: EtagCache(tunables.DEFAULT.s3.manifest_cache_entries)
     )
+    listing: s3list.ListingSlot = dataclasses.field(default_factory=s3list.ListingSlot)
+    """The listing in progress between passes (``observe`` with ``sliced``)."""
 
 
 def head_crc32c(s3: S3Client, bucket: str, key: str) -> tuple[int, str | None]:
@@ -472,17 +367,29 @@ def observe(
     who: Identity | None = None,
     deadline: Deadline = NO_DEADLINE,
     bounds: tunables.S3 = tunables.DEFAULT.s3,
+    sliced: bool = False,
 ) -> s3plan.Observation:
     """List the prefix (at most ``list_max_keys``); per step with a manifest, read
     it and head the files it lists. With ``who`` (the operator's pass), each
     step is judged here and only its verdict kept (``s3plan.Checked``), from
     the verdict cache while the step's objects are unchanged; without, the
     parsed manifests are returned (for callers that judge themselves).
-    Raises ``StoreError`` (a store failure, too many keys, the deadline)."""
-    listed, aside = _list(s3, target, max_keys=bounds.list_max_keys, deadline=deadline)
-    reader = _Reader(
-        s3=s3, target=target, caches=caches or Caches(), deadline=deadline, bounds=bounds
+    Raises ``StoreError`` (a store failure, too many keys, the deadline). With
+    ``sliced`` (the operator's pass), at most ``list_pages_per_pass`` pages are
+    listed, going on from ``caches.listing``, and ``ListingGoesOnError`` says the
+    listing goes on in the next pass."""
+    caches = caches or Caches()
+    listed, aside = s3list.list_prefix(
+        s3,
+        target,
+        max_keys=bounds.list_max_keys,
+        deadline=deadline,
+        slot=caches.listing if sliced else None,
+        pages_per_pass=bounds.list_pages_per_pass if sliced else None,
+        page_keys=bounds.list_page_keys,
+        held_keys=bounds.list_held_keys,
     )
+    reader = _Reader(s3=s3, target=target, caches=caches, deadline=deadline, bounds=bounds)
     listing: dict[int, dict[str, s3plan.RemoteObject]] = {}
     manifests: dict[int, ManifestRead] = {}
     for step, objects in listed.items():

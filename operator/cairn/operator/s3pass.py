@@ -15,6 +15,12 @@ worker thread. ``storage_pass`` reads top to bottom:
 - apply (``s3apply``): deletions (manifest first), the status patch (field
   manager ``cairn-operator``), the Events.
 
+A long listing goes on over several passes (``core.s3slice``): a pass that
+listed its share ends there (``PassResult.goes_on``: nothing judged, deleted
+or written), and deletions planned from a listing read over several passes
+are checked against the store first (``s3list.stale_deletions``: any
+change and nothing is deleted, the listing starts over).
+
 ``cleanup`` is the ``onDelete: Delete`` deletion of an owned prefix. Nothing
 here writes the writer's ``step`` or ``checkpoints``.
 """
@@ -26,9 +32,9 @@ from typing import Any
 
 from kubernetes.client import exceptions as k8s_exceptions
 
+from cairn.api import jobstatus, trainingjob
 from cairn.api import manifest as manifest_mod
-from cairn.api import trainingjob
-from cairn.operator import jobapply, kubeapi, prefixapply, s3apply, s3observe
+from cairn.operator import jobapply, kubeapi, prefixapply, s3apply, s3list, s3observe
 from cairn.operator.core import clock, jobobserve, k8stypes, prefixplan, s3plan, tunables
 
 if typing.TYPE_CHECKING:
@@ -46,6 +52,11 @@ class PassResult:
     events: tuple[k8stypes.Event, ...]
     patched_object: dict[str, Any] | None = None
     """The job as the status patch returned it (fresher than a watch cache)."""
+    goes_on: bool = False
+    """The listing goes on (or starts over) in the job's next pass, due at once
+    (``core.s3slice``); nothing was judged, deleted or written."""
+    capped: int = 0
+    """Listings in a row that reached ``list_max_keys`` (``s3loop`` backs off)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,6 +68,8 @@ class _Seen:
     observation: s3plan.Observation | None = None
     keyring: manifest_mod.Keyring | None = None
     error: str | None = None
+    unfinished: bool = False
+    """The listing goes on in the next pass (``s3observe.ListingGoesOnError``)."""
 
 
 def _observe(
@@ -83,9 +96,17 @@ def _observe(
         deadline.check("listing the prefix")
         who = s3observe.Identity(job_uid=job.metadata.uid or None, keyring=keyring)
         seen = s3observe.observe(
-            access.s3, target, caches=caches, who=who, deadline=deadline, bounds=bounds
+            access.s3,
+            target,
+            caches=caches,
+            who=who,
+            deadline=deadline,
+            bounds=bounds,
+            sliced=True,
         )
         return _Seen(claim=claim, s3=access.s3, observation=seen, keyring=keyring)
+    except s3observe.ListingGoesOnError:
+        return _Seen(claim=claim, unfinished=True)
     except s3observe.StoreError as failure:
         return _Seen(claim=claim, error=str(failure)[:1024])
 
@@ -112,15 +133,72 @@ def storage_pass(
     seen = _observe(
         api=api, job=job, target=target, caches=caches, deadline=deadline, bounds=bounds
     )
+    view, caches.listing.view = caches.listing.view, None
+    if seen.unfinished:
+        return _going_on()
     # plan (pure)
     todo = None
     if seen.observation is not None:
         todo = s3plan.plan_job(
             job=job, status=status, observation=seen.observation, keyring=seen.keyring
         )
-    # apply: deletions, then what the status and the events say about them
-    deleted: tuple[int, ...] = ()
+    # apply: nothing deleted on a stale view; deletions, then the status and the events
     error = seen.error
+    if todo is not None and todo.deletions and seen.s3 is not None and view is not None:
+        stale, failed = _stale_steps(seen.s3, target, view=view, todo=todo, bounds=bounds)
+        if failed is not None:
+            error, todo = failed, None
+        if stale:
+            LOG.info(
+                "S3 pass of %s/%s: steps %s changed while listed", ref.namespace, ref.name, stale
+            )
+            return _going_on()  # listed again from scratch: nothing deleted on a stale view
+    return _apply(
+        api=api,
+        ref=ref,
+        previous=status.storage,
+        seen=seen,
+        target=target,
+        todo=todo,
+        error=error,
+        now=now,
+        capped=caches.listing.capped,
+    )
+
+
+def _stale_steps(
+    s3: "S3Client",
+    target: s3observe.Target,
+    *,
+    view: s3list.View,
+    todo: s3plan.RemotePlan,
+    bounds: tunables.S3,
+) -> tuple[tuple[int, ...], str | None]:
+    """The planned deletions whose folders changed since the sliced listing ``view``
+    (any: the pass deletes nothing and lists again), or the store's failure."""
+    try:
+        stale = s3list.stale_deletions(
+            s3, target, view=view, steps=todo.deleted_steps, bounds=bounds
+        )
+    except s3list.StoreError as failure:
+        return (), str(failure)[:1024]
+    return stale, None
+
+
+def _apply(
+    *,
+    api: kubeapi.KubeApi,
+    ref: jobapply.JobRef,
+    previous: jobstatus.StorageStatus | None,
+    seen: _Seen,
+    target: s3observe.Target,
+    todo: s3plan.RemotePlan | None,
+    error: str | None,
+    now: clock.Clock,
+    capped: int,
+) -> PassResult:
+    """Deletions, then what the status and the events say about them."""
+    deleted: tuple[int, ...] = ()
     if todo is not None and todo.deletions and seen.s3 is not None:
         deleted, error = s3apply.delete_planned(seen.s3, target, todo)
         if deleted != todo.deleted_steps:
@@ -128,9 +206,9 @@ def storage_pass(
     if error is not None:
         LOG.warning("S3 pass of %s/%s: %s", ref.namespace, ref.name, error)
     patch, events = s3plan.storage_update(
-        previous=status.storage, result=todo, deleted=deleted, error=error, now=now()
+        previous=previous, result=todo, deleted=deleted, error=error, now=now()
     )
-    patch, events = prefixplan.with_claim(patch, events, previous=status.storage, claim=seen.claim)
+    patch, events = prefixplan.with_claim(patch, events, previous=previous, claim=seen.claim)
     patched = s3apply.record(api=api, job=ref, patch=patch, events=events, now=now())
     if deleted:
         LOG.info("retention in %s/%s deleted steps %s", ref.namespace, ref.name, deleted)
@@ -141,7 +219,13 @@ def storage_pass(
         patch=patch,
         events=events,
         patched_object=patched,
+        capped=capped,
     )
+
+
+def _going_on() -> PassResult:
+    """A pass that listed its share of a listing that goes on: nothing else done."""
+    return PassResult(plan=None, deleted=(), error=None, patch=None, events=(), goes_on=True)
 
 
 def report_abandoned(*, api: kubeapi.KubeApi, raw: dict[str, Any], at: s3observe.Deadline) -> None:

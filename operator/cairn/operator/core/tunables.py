@@ -39,6 +39,16 @@ class S3:
     list_max_keys: int = 20000
     """Objects one pass lists under a prefix; past it the pass stops (``lastError``),
     deletes nothing and verifies nothing (~250 bytes of operator memory per key)."""
+    list_page_keys: int = 1000
+    """``MaxKeys`` of each ListObjectsV2 page (S3 answers at most 1,000)."""
+    list_pages_per_pass: int = 2
+    """ListObjectsV2 pages (up to 1,000 keys each) one pass lists; a longer listing goes
+    on in the job's next passes, each re-queued behind the passes already due
+    (``core.s3slice``), so a tenant's big prefix never holds a thread for long."""
+    list_held_keys: int = 100000
+    """Objects all listings in progress may hold between passes together (~250 bytes
+    each: ~25 MiB); past it a listing goes on in the pass it is in, as a whole
+    listing did before slices, so memory stays bounded by the S3 threads."""
     head_cache_entries: int = 20000
     """Full-object CRC32Cs remembered per job, per (key, ETag), before the cache starts over."""
     manifest_cache_entries: int = 2000
@@ -57,6 +67,9 @@ class S3:
             "manifest_max_bytes",
             "manifest_max_entries",
             "list_max_keys",
+            "list_page_keys",
+            "list_pages_per_pass",
+            "list_held_keys",
             "head_cache_entries",
             "manifest_cache_entries",
             "client_cache_entries",
@@ -86,6 +99,11 @@ class StorageLoop:
     slow_share: float = 0.5
     """Fraction of ``threads`` (at least one, never all but where ``threads`` is 1) that
     slow and unproven endpoints may hold at once: the rest always serve healthy ones."""
+    list_cap_backoff_seconds: float = 60.0
+    """After a listing reached ``S3.list_max_keys``: the wait before the job's next full
+    listing; it doubles with each such listing in a row (``core.s3slice.cap_backoff``)."""
+    list_cap_backoff_cap_seconds: float = 3600.0
+    """No wait after a capped listing exceeds this."""
     cleanup_attempts: int = 5
     """Failed ``onDelete: Delete`` attempts before ``CleanupFailed`` releases the job."""
     cleanup_backoff_seconds: float = 2.0
@@ -103,6 +121,8 @@ class StorageLoop:
             "threads",
             "pass_deadline_seconds",
             "slow_after_seconds",
+            "list_cap_backoff_seconds",
+            "list_cap_backoff_cap_seconds",
             "cleanup_attempts",
             "cleanup_backoff_seconds",
             "cleanup_backoff_cap_seconds",
@@ -110,6 +130,10 @@ class StorageLoop:
         if self.cleanup_backoff_cap_seconds < self.cleanup_backoff_seconds:
             raise ValueError(
                 "StorageLoop.cleanup_backoff_cap_seconds must be >= cleanup_backoff_seconds"
+            )
+        if self.list_cap_backoff_cap_seconds < self.list_cap_backoff_seconds:
+            raise ValueError(
+                "StorageLoop.list_cap_backoff_cap_seconds must be >= list_cap_backoff_seconds"
             )
         if not 0 < self.slow_share <= 1:
             raise ValueError("StorageLoop.slow_share must be in (0, 1]")
