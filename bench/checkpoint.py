@@ -12,8 +12,8 @@ figure and ratio):
   pinned/async stager (*), and / a synchronous `dcp.save` (target <= 0.05);
 - write throughput of the writer's write phase (DCP write, CRC32C counted
   while written, one fsync per file) / a raw parallel write of the same
-  bytes with the writer's thread count, each file fsynced (* target >= 0.8),
-  and / one raw sequential stream;
+  bytes with the writer's thread count into a new folder, each file and the
+  folder fsynced (* target >= 0.8), and / one raw sequential stream;
 - the write phase before (DCP fsync, then a read-back CRC32C pass) and
   after (one pass), alternating on the same state;
 - upload throughput, each step's bytes counted once / boto3 upload_file

@@ -3,9 +3,10 @@
 Each function runs on every rank at once (barriers around the timed part)
 and returns this rank's seconds; the report takes the max over ranks.
 
-- `raw_writes`: the same bytes written raw, one stream per rank, and with
-  the writer's thread count (one file per thread, each fsynced): the write
-  phase's anchors;
+- `raw_writes`: the same bytes written raw into a new folder, one stream
+  per rank, and with the writer's thread count (one file per thread, as
+  many as the writer's data files), each file fsynced, then the folder: the
+  write phase's anchors;
 - `write_phase_old_new`: the write phase as it was (DCP write with DCP's
   fsync, then a read-back CRC32C pass) against the one-pass writer
   (`cairn.checkpoint.writer`), alternating, on the same state;
@@ -53,29 +54,38 @@ def _raw_file(path: pathlib.Path, nbytes: int) -> None:
 
 
 def raw_writes(work: pathlib.Path, *, rank: int, nbytes: int, threads: int) -> dict[str, float]:
-    """Seconds to write `nbytes` raw + fsync: one stream, then `threads` files at once."""
+    """Seconds to write `nbytes` raw + fsync: one stream, then `threads` files at once.
+
+    The same durable work as the writer's write phase: a new folder, the
+    files in it (as many as the writer's data files per rank), each fsynced,
+    then the folder fsynced (its entries durable)."""
     result: dict[str, float] = {}
+    single = work / f"raw-{rank}-single"
     dist.barrier()
     t0 = time.monotonic()
-    _raw_file(work / f"raw-{rank}.bin", nbytes)
+    single.mkdir()
+    _raw_file(single / "0.bin", nbytes)
+    layout.fsync_dir(single)
     result["single_s"] = time.monotonic() - t0
     dist.barrier()
-    (work / f"raw-{rank}.bin").unlink()
+    shutil.rmtree(single)
+    parallel = work / f"raw-{rank}-parallel"
     parts = [nbytes // threads + (1 if i < nbytes % threads else 0) for i in range(threads)]
     workers = [
-        threading.Thread(target=_raw_file, args=(work / f"raw-{rank}-{i}.bin", part))
+        threading.Thread(target=_raw_file, args=(parallel / f"{i}.bin", part))
         for i, part in enumerate(parts)
     ]
     dist.barrier()
     t0 = time.monotonic()
+    parallel.mkdir()
     for thread in workers:
         thread.start()
     for thread in workers:
         thread.join()
+    layout.fsync_dir(parallel)
     result["parallel_s"] = time.monotonic() - t0
     dist.barrier()
-    for i in range(threads):
-        (work / f"raw-{rank}-{i}.bin").unlink()
+    shutil.rmtree(parallel)
     return result
 
 

@@ -11,7 +11,10 @@ Covers:
   see through, gets no record; a file that fails while written keeps none;
   a file removed by DCP loses its record;
 - `entries` takes recorded files as counted and reads back (and fsyncs) a
-  file with no record, e.g. one left by an earlier try of the step.
+  file with no record, e.g. one left by an earlier try of the step;
+- the files carry no torch.save zip CRC32 (all zero) and load back bit for
+  bit; the skip holds only in the writing thread (a concurrent torch.save
+  elsewhere keeps its CRC32) and ends with the block.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from __future__ import annotations
 import io
 import os
 import pathlib
+import threading
 import typing
+import zipfile
 
 import pytest
 import torch
-from torch.distributed.checkpoint import state_dict_saver
+from torch.distributed.checkpoint import filesystem, state_dict_loader, state_dict_saver
 
 from cairn.checkpoint import layout, writer
 
@@ -126,3 +131,49 @@ def test_entries_read_back_a_file_without_record(tmp_path: pathlib.Path) -> None
     names = ["__0_0.distcp", "__0_7.distcp", ".metadata"]
     got = writer.entries(tmp_path, names, rank=0, written=dcp_writer.checksum_fs.checksums())
     assert got == [layout.entry_for(tmp_path, name, rank=0) for name in names]
+
+
+def _zip_crcs(data: bytes) -> list[int]:
+    """The CRC32 fields of a torch.save archive's records."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return [info.CRC for info in archive.infolist()]
+
+
+def _saved(tensor: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return buffer.getvalue()
+
+
+def test_checkpoint_files_have_no_zip_crc32_and_load_bit_for_bit(tmp_path: pathlib.Path) -> None:
+    saved = state()
+    dcp_writer = writer.ChecksummingWriter(tmp_path, thread_count=2)
+    state_dict_saver.save(saved, storage_writer=dcp_writer, no_dist=True)
+    meta = filesystem.FileSystemReader(tmp_path).read_metadata()
+    archives = [
+        (tmp_path / info.relative_path).read_bytes()[info.offset : info.offset + info.length]
+        for index, info in meta.storage_data.items()
+        if index.fqn in ("weights", "ints")  # tensors: one torch.save archive each
+    ]
+    assert len(archives) == 2
+    for archive in archives:
+        assert set(_zip_crcs(archive)) == {0}  # torch.save's CRC32 was skipped
+    loaded = {"weights": torch.zeros(300, 200), "ints": torch.zeros(1000, dtype=torch.int64)}
+    state_dict_loader.load(loaded, storage_reader=filesystem.FileSystemReader(tmp_path))
+    assert torch.equal(loaded["weights"], saved["weights"])
+    assert torch.equal(loaded["ints"], saved["ints"])
+
+
+def test_zip_crc32_is_skipped_only_in_the_writing_thread() -> None:
+    tensor = torch.arange(100, dtype=torch.float32)
+    assert 0 not in _zip_crcs(_saved(tensor))  # torch's default outside the writer
+    elsewhere: list[bytes] = []
+    with writer.skip_zip_crc32():
+        assert set(_zip_crcs(_saved(tensor))) == {0}
+        # A torch.save of the training thread meanwhile keeps its CRC32.
+        other = threading.Thread(target=lambda: elsewhere.append(_saved(tensor)))
+        other.start()
+        other.join()
+    assert 0 not in _zip_crcs(elsewhere[0])
+    assert 0 not in _zip_crcs(_saved(tensor))  # restored when the block ends
+    assert torch.equal(torch.load(io.BytesIO(elsewhere[0]), weights_only=True), tensor)

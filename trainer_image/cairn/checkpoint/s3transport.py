@@ -109,6 +109,11 @@ def stall_message(opts: options.S3Options) -> str:
     return f"no progress for {opts.stall_seconds:.0f} s to {opts.endpoint_url or 'AWS S3'}"
 
 
+RESULT_POLL_SECONDS = 0.01
+"""How often `poll_result` looks at a transfer: the step's upload ends at
+most this much after its last part (a small step's upload lasts 1-2 s)."""
+
+
 def poll_result(
     future: typing.Any, *, deadline: float, watchdog: Watchdog, opts: options.S3Options
 ) -> None:
@@ -118,7 +123,7 @@ def poll_result(
             raise StallError(stall_message(opts))
         if now > deadline:
             raise TimeoutError
-        time.sleep(0.05)
+        time.sleep(RESULT_POLL_SECONDS)
     future.result()
 
 

@@ -32,8 +32,11 @@ from cairn.checkpoint import errors, layout, upload_backlog
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.2
-"""How often a rank other than 0 looks for the next round's plan."""
+POLL_SECONDS = 0.05
+"""How often a rank other than 0 looks for the next round's plan: it starts
+a round at most this much after rank 0 (whose clock already runs; a small
+step uploads in 1-2 s, so 0.2 s cost up to a tenth of it). One local c10d
+store lookup each."""
 IDLE_WAKE_SECONDS = 1.0
 """Rank 0 re-checks the backoff at least this often while idle."""
 

@@ -8,6 +8,13 @@ pipeline then builds the manifest entries from these records instead of
 reading every file back (`entries`), so the write phase is one pass over
 the bytes.
 
+torch.save's own zip CRC32 is not computed for these files (`skip_zip_crc32`:
+a software CRC32 that cost as much CPU as copying the bytes into the page
+cache): `torch.load` never checks it (a flipped data byte loads silently),
+while the CRC32C counted here is checked against the manifest before any
+restore loads the file and by the store on upload. The switch is per
+thread, so a `torch.save` elsewhere in the process keeps its CRC32.
+
 A record exists only for a file that was followed from open to close: no
 seek, no method the wrapper does not see through, and the size on disk
 after the fsync equals the bytes counted. Any other file of the rank (one
@@ -27,11 +34,52 @@ import pathlib
 import threading
 import typing
 
+import torch.serialization
 from awscrt import checksums
 from torch.distributed.checkpoint import filesystem
 
 from cairn.api import manifest as manifest_mod
 from cairn.checkpoint import layout
+
+_THREAD = threading.local()
+"""`.skip_zip_crc32`: this thread is inside `skip_zip_crc32()` (writing a checkpoint file)."""
+
+
+def _install_zip_crc32_switch() -> None:
+    """Make torch.save's CRC32 option answer False in a thread inside
+    `skip_zip_crc32`, and torch's configured value everywhere else.
+
+    torch.save reads the option (`torch.serialization.get_crc32_options`, a
+    module global) each time it opens a zip writer; the process-wide setter
+    (`set_crc32_options`) would also drop the CRC32 of a user's concurrent
+    torch.save in the training thread, so the module function is wrapped
+    once instead. If a torch version stops reading it, files keep their
+    CRC32 (slower, same bytes otherwise); `test_ckpt_writer.py` says so."""
+    current = torch.serialization.get_crc32_options
+    if getattr(current, "_cairn_switch", False):
+        return
+
+    def get_crc32_options() -> bool:
+        if getattr(_THREAD, "skip_zip_crc32", False):
+            return False
+        return bool(current())
+
+    get_crc32_options._cairn_switch = True  # type: ignore[attr-defined]
+    torch.serialization.get_crc32_options = get_crc32_options
+
+
+_install_zip_crc32_switch()
+
+
+@contextlib.contextmanager
+def skip_zip_crc32() -> typing.Generator[None, None, None]:
+    """In this thread, torch.save writes no zip CRC32 (zeros) until the block ends."""
+    before = getattr(_THREAD, "skip_zip_crc32", False)
+    _THREAD.skip_zip_crc32 = True
+    try:
+        yield
+    finally:
+        _THREAD.skip_zip_crc32 = before
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,7 +146,8 @@ class _ChecksumStream:
 
 
 class ChecksummingFileSystem(filesystem.FileSystem):
-    """DCP's local file system; write streams are checksummed and fsynced on close."""
+    """DCP's local file system; write streams are checksummed and fsynced on
+    close, and torch.save writes no zip CRC32 into them."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -113,7 +162,7 @@ class ChecksummingFileSystem(filesystem.FileSystem):
                 yield stream
             return
         self._record(path, None)  # a file being written has no record yet
-        with super().create_stream(path, mode) as raw:
+        with super().create_stream(path, mode) as raw, skip_zip_crc32():
             counting = _ChecksumStream(raw)
             yield counting
             counting.close()  # DCP closes it already; a no-op then
