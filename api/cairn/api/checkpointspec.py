@@ -165,6 +165,87 @@ class Retention(schema.SpecModel):
     remote: RemoteRetention | None = None
 
 
+MEMORY_SIZE_REQUIRED = "memory.sizeLimit is required when memory.enabled is true"
+MEMORY_OVER_LIMIT = (
+    "checkpoint.memory.sizeLimit must be less than resources.limits.memory "
+    "(the memory-backed volume counts against the container's memory limit)"
+)
+
+_QUANTITY_SUFFIX: dict[str, float] = {
+    "": 1,
+    **{s: 1000**i for i, s in enumerate(("k", "M", "G", "T", "P", "E"), start=1)},
+    **{s: 1024**i for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)},
+    "m": 1e-3,
+    "u": 1e-6,
+    "n": 1e-9,
+}
+
+
+def quantity_value(value: schema.Quantity) -> float:
+    """A core/v1 quantity as a number (bytes for memory). Pure."""
+    text = str(value)
+    found = re.fullmatch(
+        r"([+-]?(?:[0-9]+(?:[.][0-9]*)?|[.][0-9]+))([eE][+-]?[0-9]+|[a-zA-Z]*)", text
+    )
+    if found is None:
+        raise ValueError(f"not a quantity: {text!r}")
+    number, suffix = str(found.group(1)), str(found.group(2))
+    if suffix in _QUANTITY_SUFFIX:
+        return float(number) * _QUANTITY_SUFFIX[suffix]
+    if re.fullmatch(r"[eE][+-]?[0-9]+", suffix):
+        return float(number + suffix)
+    raise ValueError(f"not a quantity: {text!r}")
+
+
+class MemoryTier(schema.SpecModel):
+    """The in-memory tier: each rank keeps its newest committed shard in a
+    memory-backed volume (and a replica of its predecessor's).
+
+    Memory cost per pod: about twice the rank's shard (its own copy plus the
+    replica of rank r-1's) with replicas 1; counted against the container's
+    memory limit."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=schema.cel(
+            (
+                "!self.enabled || has(self.sizeLimit)",
+                MEMORY_SIZE_REQUIRED,
+                ".sizeLimit",
+            ),
+        )
+    )
+
+    enabled: bool = pydantic.Field(
+        default=False,
+        description="Keep the newest committed step in pod memory; restore tries it first.",
+    )
+    size_limit: schema.Quantity | None = pydantic.Field(
+        default=None,
+        description="Size of the memory-backed emptyDir (about 2x the rank's shard with "
+        "replicas 1); required when enabled, less than resources.limits.memory.",
+        json_schema_extra=schema.cel(
+            (schema.quantity_rule("self"), "sizeLimit must be a non-negative quantity")
+        ),
+    )
+    replicas: int = pydantic.Field(
+        default=1,
+        ge=0,
+        le=1,
+        description="Replicas of each rank's copy in peers' memory (rank r -> r+1 mod N).",
+    )
+
+    @pydantic.field_validator("size_limit")
+    @classmethod
+    def _size_limit(cls, value: schema.Quantity | None) -> schema.Quantity | None:
+        return None if value is None else schema.check_quantity(value, "sizeLimit")
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.enabled and self.size_limit is None:
+            raise ValueError(MEMORY_SIZE_REQUIRED)
+        return self
+
+
 class SecretRef(schema.SpecModel):
     """A Secret in the job's namespace; its values reach pods via secretKeyRef only."""
 
@@ -363,6 +444,11 @@ class CheckpointSpec(schema.SpecModel):
     )
     on_delete: OnDelete = pydantic.Field(
         default="Retain", description="What happens to the S3 prefix when the job is deleted."
+    )
+    memory: MemoryTier = pydantic.Field(
+        default_factory=MemoryTier,
+        description="The in-memory tier (own copy + a peer's replica), tried first on restore.",
+        json_schema_extra=schema.object_default(MemoryTier),
     )
     final_checkpoint_grace_seconds: int = pydantic.Field(
         default=300,

@@ -136,7 +136,12 @@ class ResumedFrom(_StatusModel):
     step: int = pydantic.Field(ge=0, description=_STEP)
     attempt: int | None = pydantic.Field(default=None, ge=1, description="The attempt that loaded.")
     source: Literal["local", "remote"] | None = pydantic.Field(
-        default=None, description="local (volume) or remote (S3)."
+        default=None, description="local (volume or pod memory) or remote (S3)."
+    )
+    tier: Literal["memory", "peer", "local", "s3"] | None = pydantic.Field(
+        default=None,
+        description="Where the bytes came from: memory (every rank its own memory copy), "
+        "peer (some rank its peer's replica), local (the volume) or s3.",
     )
     uri: str | None = pydantic.Field(default=None, max_length=1024, description="Where from.")
     fell_back_from: int | None = pydantic.Field(

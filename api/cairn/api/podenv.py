@@ -49,6 +49,13 @@ RESUME_FROM = "CAIRN_RESUME_FROM"
 RESUME_SHA256 = "CAIRN_RESUME_SHA256"
 """``checkpoint.resume.sha256``: the SHA-256 the target's ``.metadata`` must have
 (set only with a step or uri target; ``ResumeTarget.sha256``)."""
+MEMORY_DIR = "CAIRN_MEMORY_DIR"
+"""``checkpoint.memory.enabled``: where the memory-backed emptyDir is mounted
+(the in-memory tier, ``cairn.checkpoint.memtier``); unset: the tier is off."""
+MEMORY_REPLICAS = "CAIRN_MEMORY_REPLICAS"
+"""``checkpoint.memory.replicas``: 1 pushes each rank's copy to rank r+1's memory."""
+MEMORY_MOUNT_PATH = "/var/run/cairn/memory"
+MEMORY_VOLUME_NAME = "cairn-memory"
 
 # --- S3 durable tier ---------------------------------------------------------
 UPLOAD_URI = "CAIRN_UPLOAD_URI"

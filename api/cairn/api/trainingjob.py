@@ -41,6 +41,9 @@ RESERVED_ENV_PREFIX = "CAIRN_"
 CHECKPOINT_VOLUME_NAME = "cairn-checkpoints"
 RAY_VOLUME_NAME = "cairn-ray"
 """Runtime ray: the pod's emptyDir for Ray's temp dir (reserved like the checkpoint volume)."""
+OWNED_VOLUME_NAMES = ("cairn-memory", "cairn-manifest-key", "cairn-ray-token")
+"""The operator's other pod volumes (memory tier, manifest key, Ray token): a
+user volume of the same name would make every pod of the job fail to create."""
 
 
 FinishedPods = Literal["Keep", "Delete"]
@@ -202,6 +205,12 @@ class PodTemplateOverlay(schema.SpecModel):
                 f"the volume name {RAY_VOLUME_NAME} is reserved",
                 ".volumes",
             ),
+            (
+                "!has(self.volumes) || self.volumes.all(v, !(v.name in "
+                f"{list(OWNED_VOLUME_NAMES)}))",
+                f"the volume names {', '.join(OWNED_VOLUME_NAMES)} are reserved",
+                ".volumes",
+            ),
         )
     )
 
@@ -274,6 +283,8 @@ class PodTemplateOverlay(schema.SpecModel):
             raise ValueError(f"the volume name {CHECKPOINT_VOLUME_NAME} is reserved")
         if any(v.name == RAY_VOLUME_NAME for v in self.volumes or ()):
             raise ValueError(f"the volume name {RAY_VOLUME_NAME} is reserved")
+        if any(v.name in OWNED_VOLUME_NAMES for v in self.volumes or ()):
+            raise ValueError(f"the volume names {', '.join(OWNED_VOLUME_NAMES)} are reserved")
         return self
 
 
@@ -468,6 +479,17 @@ class TrainingJobSpec(schema.SpecModel):
                 ".torchrun",
             ),
             (
+                # The memory tier's tmpfs counts against the container's memory limit.
+                "!has(self.checkpoint) || !has(self.checkpoint.memory) || "
+                "!self.checkpoint.memory.enabled || !has(self.checkpoint.memory.sizeLimit) || "
+                "!has(self.resources) || !has(self.resources.limits) || "
+                "!('memory' in self.resources.limits) || "
+                "quantity(string(self.checkpoint.memory.sizeLimit))"
+                ".isLessThan(quantity(string(self.resources.limits['memory'])))",
+                checkpointspec.MEMORY_OVER_LIMIT,
+                ".checkpoint.memory.sizeLimit",
+            ),
+            (
                 f"!({_IS_RAY}) || has(self.command)",
                 "runtime: ray needs spec.command (the operator runs it under the Ray launcher)",
                 ".command",
@@ -584,6 +606,8 @@ class TrainingJobSpec(schema.SpecModel):
                 f"torchrun.maxInPlaceRestarts needs nodes <= {MAX_IN_PLACE_NODES} (c10d "
                 "rendezvous orders nodes by host name: <job>-a<attempt>-n10 sorts before -n2)"
             )
+        if not _memory_fits(self):
+            raise ValueError(checkpointspec.MEMORY_OVER_LIMIT)
         if self.runtime == "ray" and self.command is None:
             raise ValueError(
                 "runtime: ray needs spec.command (the operator runs it under the Ray launcher)"
@@ -603,6 +627,16 @@ class TrainingJobSpec(schema.SpecModel):
     @property
     def managed_by_cairn(self) -> bool:
         return self.managed_by in (None, CONTROLLER_NAME)
+
+
+def _memory_fits(spec: TrainingJobSpec) -> bool:
+    """Pure twin of the CEL rule: the memory tier fits under the memory limit."""
+    memory = spec.checkpoint.memory
+    limits = spec.resources.limits if spec.resources is not None else None
+    if not memory.enabled or memory.size_limit is None or not limits or "memory" not in limits:
+        return True
+    size = checkpointspec.quantity_value(memory.size_limit)
+    return size < checkpointspec.quantity_value(limits["memory"])
 
 
 # --------------------------------------------------------------- the object

@@ -133,6 +133,11 @@ def main() -> None:
         manifest_keyring=manifest_mod.parse_keyring(cfg["keyring"]) if cfg.get("keyring") else None,
         s3=s3,
         timeout_seconds=cfg.get("timeout", 60.0),
+        # "{rank}" again: every rank its own pod memory (the memory tier).
+        memory_dir=pathlib.Path(cfg["memory_dir"].format(rank=rank))
+        if cfg.get("memory_dir")
+        else None,
+        memory_replicas=cfg.get("memory_replicas", 1),
     )
     result: dict[str, typing.Any] = {"rank": rank, "losses": {}, "saved": []}
     dump_steps = set(cfg.get("dump_steps", []))
@@ -148,6 +153,8 @@ def main() -> None:
             "quarantined",
             "restore_fallback",
             "restored",
+            "memory_kept",
+            "memory_failed",
         ):
             seen.append(
                 {
@@ -170,6 +177,8 @@ def main() -> None:
             result["skipped_state"] = [] if restored is None else list(restored.skipped_state)
             result["downloaded"] = [] if restored is None else list(restored.downloaded)
             result["quarantined"] = [] if restored is None else list(restored.quarantined)
+            result["tier"] = None if restored is None else restored.tier
+            result["tiers"] = [] if restored is None else list(restored.tiers)
             torch.save(
                 full_state(model, optim, data, train, sched), out / f"dump-restored-rank{rank}.pt"
             )

@@ -102,6 +102,12 @@ CASES: tuple[Case, ...] = (
         server="cel",
     ),
     Case(
+        id="reserved-volume-memory",
+        patch=_spec(template={"volumes": [{"name": "cairn-memory", "emptyDir": {}}]}),
+        field="spec.template.volumes",
+        server="cel",
+    ),
+    Case(
         id="node-selector-int",
         patch=_spec(template={"nodeSelector": {"zone": 3}}),
         field="spec.template.nodeSelector.zone",
@@ -280,6 +286,34 @@ CASES: tuple[Case, ...] = (
         id="size-limit-not-a-quantity",
         patch=_ckpt(volume={"emptyDir": {"sizeLimit": "big"}}),
         field="spec.checkpoint.volume.emptyDir.sizeLimit",
+        server="cel",
+    ),
+    Case(
+        id="memory-enabled-without-size",
+        patch=_ckpt(memory={"enabled": True}),
+        field="spec.checkpoint.memory.sizeLimit",
+        server="cel",
+    ),
+    Case(
+        id="memory-size-not-a-quantity",
+        patch=_ckpt(memory={"enabled": True, "sizeLimit": "lots"}),
+        field="spec.checkpoint.memory.sizeLimit",
+        server="cel",
+    ),
+    Case(
+        id="memory-replicas-two",
+        patch=_ckpt(memory={"enabled": True, "sizeLimit": "1Gi", "replicas": 2}),
+        field="spec.checkpoint.memory.replicas",
+    ),
+    Case(
+        id="memory-over-the-limit",
+        patch={
+            "spec": {
+                "resources": {"limits": {"memory": "2Gi"}},
+                "checkpoint": {"memory": {"enabled": True, "sizeLimit": "2Gi"}},
+            }
+        },
+        field="spec.checkpoint.memory.sizeLimit",
         server="cel",
     ),
     Case(

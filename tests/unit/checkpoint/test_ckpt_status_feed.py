@@ -98,6 +98,7 @@ def test_the_feed_reports_step_commit_upload_and_resume() -> None:
         "step": 10,
         "attempt": 2,
         "source": "remote",
+        "tier": "s3",
         "uri": None,
         "fellBackFrom": 15,
         "imported": None,

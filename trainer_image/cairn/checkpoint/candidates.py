@@ -9,7 +9,9 @@ every rank then tries the same copies in the same order
                `cairn.api.manifest.authenticate`), newest first: its local
                folder, then its S3 copy (authenticated again when fetched);
                foreign, unreadable and unknown folders are logged and never
-               candidates
+               candidates. With the memory tier on, the memory copy of the
+               newest step every rank holds in memory comes first
+               (`memrestore.memory_step`), unless a newer step exists
     explicit   `resume.step`: that step only (a plain DCP folder too:
                imported); a Cairn manifest that does not authenticate, an
                absent step or one of a newer format is a ConfigurationError
@@ -26,7 +28,7 @@ import pydantic
 
 from cairn.api import checkpointspec
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, foreign, layout, remote, s3transport
+from cairn.checkpoint import errors, foreign, layout, memrestore, remote, s3transport
 from cairn.checkpoint import fetch as fetch_mod
 from cairn.checkpoint import verdict as verdict_mod
 
@@ -36,9 +38,14 @@ log = logging.getLogger(__name__)
 def plan(ctx: fetch_mod.Context, *, step: int | None, uri: str | None) -> list[verdict_mod.Copy]:
     """Collective: rank 0 lists the copies to try and broadcasts them (or its error)."""
     key = f"{ctx.namespace}/plan"
+    if ctx.memory is not None:
+        # Every rank says what its memory holds; rank 0 plans the memory copy.
+        ctx.coordinator.publish(f"{key}/memory", memrestore.held(ctx.memory))
     if ctx.rank == 0:
         try:
             copies = [_uri(ctx, uri)] if uri is not None else _steps(ctx, step)
+            if uri is None and step is None:
+                copies = _memory_first(ctx, copies)
         except Exception as exc:
             ctx.coordinator.broadcast(key, errors.to_doc(exc))
             raise
@@ -76,6 +83,19 @@ def _steps(ctx: fetch_mod.Context, step: int | None) -> list[verdict_mod.Copy]:
         if n in remote_steps:
             copies.append(verdict_mod.Copy(step=n, source="s3"))
     return copies
+
+
+def _memory_first(ctx: fetch_mod.Context, copies: list[verdict_mod.Copy]) -> list[verdict_mod.Copy]:
+    """The memory copy of the newest step every rank holds in memory (own or
+    its peer's replica) goes first, unless a newer step exists elsewhere."""
+    if ctx.memory is None:
+        return copies
+    held = ctx.coordinator.gather(f"{ctx.namespace}/plan/memory", timeout=ctx.timeout)
+    step = memrestore.memory_step(held)
+    newest = max((c.step for c in copies), default=None)
+    if step is None or (newest is not None and newest > step):
+        return copies
+    return [verdict_mod.Copy(step=step, source="memory"), *copies]
 
 
 def _explicit(

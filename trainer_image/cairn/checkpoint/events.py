@@ -30,6 +30,8 @@ Phase = typing.Literal[
     "deleted",
     "kept",
     "superseded",
+    "memory_kept",
+    "memory_failed",
 ]
 
 

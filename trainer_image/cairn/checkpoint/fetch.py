@@ -39,6 +39,7 @@ from cairn.checkpoint import (
     foreign,
     layout,
     load,
+    memtier,
     options,
     remote,
     s3transport,
@@ -72,6 +73,9 @@ class Context:
     sha256: str | None = None
     """`resume.sha256` of an explicit target: its `.metadata` must have this
     SHA-256 (checked before it is read)."""
+    memory: memtier.MemoryTier | None = None
+    """The in-memory tier (None when off): restore tries its copy first
+    (`cairn.checkpoint.memrestore`)."""
 
     @property
     def rank(self) -> int:
@@ -111,6 +115,8 @@ class Fetched:
     """`folder` is this attempt's temporary folder (not a committed step)."""
     downloaded_files: tuple[str, ...] = ()
     """Files this rank fetched from S3 (the rest of the folder came from its volume)."""
+    tiers: tuple[str, ...] = ()
+    """A memory copy: where each rank's share came from (memory or peer), by rank."""
 
 
 def s3(ctx: Context) -> tuple[S3Client, options.S3Options]:

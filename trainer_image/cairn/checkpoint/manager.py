@@ -52,6 +52,7 @@ from cairn.checkpoint import (
     layout,
     lineage,
     load,
+    memtier,
     options,
     pipeline,
     s3transport,
@@ -103,6 +104,8 @@ class CheckpointManager:
         self._abandoned: inflight.InFlightSave | None = None
         """A final save whose rotation outlived the grace period (not waited for)."""
         self._closed = False
+        self._failing = False
+        """Closed while the training loop raised: no rank waits for the others."""
         self._schedule = schedule.SaveSchedule(opts=opts, coordinator=self._coord)
         self._restores = itertools.count()
         # Once per manager: does every rank see one directory (shared volume)
@@ -127,6 +130,8 @@ class CheckpointManager:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="cairn-ckpt-writer"
         )
+        # Collective when on: every rank's replica server up, addresses gathered.
+        self._memory = memtier.start(opts, coordinator=self._coord, callbacks=self._callbacks)
 
     def _begin_lineage(self, loaded: int | None, *, imported: bool = False) -> lineage.Decision:
         """Continue the loaded step's lineage or branch (collective; see `lineage`)."""
@@ -338,6 +343,7 @@ class CheckpointManager:
             uri=uri,
             key_map=key_map,
             sha256=sha256,
+            memory=self._memory,
         )
         if self._lineage is None:
             self._begin_lineage(
@@ -364,6 +370,11 @@ class CheckpointManager:
         finally:
             if self._uploads is not None:
                 self._uploads.stop()
+            if self._memory is not None:
+                # Only a clean end waits for the peers' last pushes (a rank
+                # that died, or SIGTERM, would only delay the restart).
+                clean = self._schedule.final == "none" and not self._failing
+                self._memory.close(barrier=clean)
             # A final rotation abandoned at its deadline is not waited for.
             self._executor.shutdown(wait=self._abandoned is None, cancel_futures=True)
             if self._stager is not None:
@@ -385,6 +396,7 @@ class CheckpointManager:
         if exc is None:
             self.close()
             return
+        self._failing = True
         try:
             self.close()
         except Exception:
@@ -430,6 +442,7 @@ class CheckpointManager:
             started=started,
             shared=self._volumes.shared,
             uploads=None if self._uploads is None else self._uploads.worker,
+            memory=self._memory,
             lineage=None if self._lineage is None else self._lineage.lineage,
             parent=None if self._lineage is None else self._lineage.parent,
         )

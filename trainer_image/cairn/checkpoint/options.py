@@ -138,6 +138,13 @@ class CheckpointOptions:
     than one here: torch.save's serialization is CPU-bound per thread."""
     timeout_seconds: float = 600.0
     """Bound on every wait for another rank (store waits, checkpoint collectives)."""
+    memory_dir: pathlib.Path | None = None
+    """The in-memory tier's folder (a memory-backed emptyDir, pod env
+    CAIRN_MEMORY_DIR; `cairn.checkpoint.memtier`): each rank keeps its newest
+    committed files there, and restore tries it first. None: the tier is off."""
+    memory_replicas: int = 1
+    """With `memory_dir`: 1 also pushes each rank's copy to rank (r+1) mod N's
+    replica server (`cairn.checkpoint.peer`); 0: own memory only."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", pathlib.Path(self.directory))
@@ -173,5 +180,9 @@ class CheckpointOptions:
             )
         if self.upload_retry_seconds <= 0:
             raise ValueError("CheckpointOptions.upload_retry_seconds must be > 0")
+        if self.memory_dir is not None:
+            object.__setattr__(self, "memory_dir", pathlib.Path(self.memory_dir))
+        if self.memory_replicas not in (0, 1):
+            raise ValueError("CheckpointOptions.memory_replicas must be 0 or 1")
         if self.final_grace_seconds is not None and self.final_grace_seconds <= 0:
             raise ValueError("CheckpointOptions.final_grace_seconds must be > 0 or None")

@@ -53,6 +53,7 @@ from cairn.checkpoint import (
     faults,
     layout,
     load,
+    memtier,
     options,
     remote,
     rotation,
@@ -102,6 +103,8 @@ class StepContext:
     """The step the lineage branched from, recorded in its manifests."""
     uploads: uploader.Uploader | None = None
     """The manager's upload worker (None without S3): told of each commit."""
+    memory: memtier.MemoryTier | None = None
+    """The in-memory tier (None when off): told of each commit, keeps it apart."""
 
 
 def _emit(ctx: StepContext, phase: events.Phase, **kw: typing.Any) -> None:
@@ -185,6 +188,10 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
         t0 = time.monotonic()
         manifest = _commit(ctx, tmp=tmp, folder=folder, write_seconds=write_seconds)
         _emit(ctx, "committed", seconds=time.monotonic() - t0, bytes=manifest.total_bytes)
+
+        # memory: the tier's own thread copies this rank's share (and pushes the replica)
+        if ctx.memory is not None:
+            ctx.memory.committed(folder=folder, manifest=manifest)
 
         # upload: the worker's (this step with the backlog of earlier ones)
         if ctx.uploads is not None:

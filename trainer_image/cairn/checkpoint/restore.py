@@ -3,12 +3,15 @@
     restore()          one call on every rank, in the same order; reads as
                        observe → decide → act for each copy, newest first:
       candidates.plan  observe (rank 0): the copies to try, newest step
-                       first (the local folder, then the S3 copy of each
-                       step), broadcast; an explicit target that does not
+                       first (the memory copy when the tier is on, the
+                       local folder, then the S3 copy of each step),
+                       broadcast; an explicit target that does not
                        exist or is of a newer format is a ConfigurationError
       fetch            observe (every rank): ITS share of one copy
                        (`cairn.checkpoint.fetch`; downloads what it lacks
-                       from S3, with bounded retries of transient errors)
+                       from S3, with bounded retries of transient errors;
+                       a memory copy: `cairn.checkpoint.memrestore`, own
+                       memory else the peer's replica, CRC32C-checked)
       vet              observe (every rank), once a copy verified: its DCP
                        metadata and bytes entries are data, never code
                        (`cairn.checkpoint.vet`); agreed like the fetch
@@ -57,6 +60,8 @@ from cairn.checkpoint import (
     foreign,
     layout,
     load,
+    memrestore,
+    memtier,
     options,
     startup,
     state,
@@ -75,7 +80,13 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class RestoreResult:
     step: int
-    source: typing.Literal["local", "s3"]
+    source: verdict_mod.Source
+    tier: memrestore.Tier | None = None
+    """Where the loaded bytes came from, the same on every rank: memory (every
+    rank its own memory copy), peer (some rank its peer's replica), local, s3
+    (None: not recorded; `source` says local or s3)."""
+    tiers: tuple[str, ...] = ()
+    """A memory restore: each rank's tier (memory or peer), by rank."""
     skipped: tuple[tuple[int, str], ...] = ()
     """Newer steps that could not be loaded: (step, reason). They are kept
     (or, when proven corrupt, quarantined), never deleted."""
@@ -128,6 +139,7 @@ def restore(
     uri: str | None = None,
     key_map: foreign.KeyMap | None = None,
     sha256: str | None = None,
+    memory: memtier.MemoryTier | None = None,
 ) -> RestoreResult | None:
     """Load the newest verified committed step (or `step`, or `uri`) into `objects`.
 
@@ -138,7 +150,7 @@ def restore(
     TransportError when S3 kept failing, CheckpointError when committed
     steps exist but none verifies.
     """
-    ctx = fetch_mod.Context(
+    base = fetch_mod.Context(
         opts=opts,
         coordinator=coordinator,
         process_group=process_group,
@@ -155,11 +167,13 @@ def restore(
         key_map=key_map,
         objects=objects,
         sha256=sha256 if step is not None or uri is not None else None,
+        memory=memory,
     )
     tried = _Tried()
-    for index, copy in enumerate(candidates.plan(ctx, step=step, uri=uri)):
+    for index, copy in enumerate(candidates.plan(base, step=step, uri=uri)):
         key = f"{namespace}/copy-{index}"
-        fetched = fetch_mod.fetch(ctx, copy)
+        ctx = memrestore.context_for(base, copy)  # a memory copy is per rank
+        fetched = _fetch(ctx, copy)
         faults.pause_point("restore", rank=ctx.rank, step=copy.step)  # fetched, not loaded
         tried.downloaded.extend(fetched.downloaded_files)
         found = _agree(ctx, key, fetched.report)
@@ -178,8 +192,21 @@ def restore(
             )
         log.warning("checkpoint %s not loadable (%s): %s", copy.label, found.status, found.reason)
         tried.skip(copy, found, _reject(ctx, copy, fetched, found, key=key))
-    _give_up(ctx, tried, target=uri if uri is not None else step)
+    _give_up(base, tried, target=uri if uri is not None else step)
     return None
+
+
+def _fetch(ctx: fetch_mod.Context, copy: verdict_mod.Copy) -> fetch_mod.Fetched:
+    """Observe this rank's share of one copy: from memory, the volume or S3."""
+    if copy.source == "memory":
+        return memrestore.fetch(ctx, copy)
+    return fetch_mod.fetch(ctx, copy)
+
+
+def _tier(copy: verdict_mod.Copy, fetched: fetch_mod.Fetched) -> memrestore.Tier:
+    if copy.source != "memory":
+        return copy.source
+    return "peer" if "peer" in fetched.tiers else "memory"
 
 
 def _give_up(ctx: fetch_mod.Context, tried: _Tried, *, target: str | int | None) -> None:
@@ -230,7 +257,10 @@ def _reject(
 ) -> list[str]:
     """Quarantine a proven-corrupt copy of this job; drop our own download."""
     moved: list[str] = []
-    if verdict_mod.action(found.status, ours=_ours(ctx, copy, fetched)) == "quarantine":
+    # A memory copy is never quarantined: it is this rank's cache, and its
+    # failures are reported `incomplete` (the volume and S3 copies are apart).
+    quarantine = verdict_mod.action(found.status, ours=_ours(ctx, copy, fetched)) == "quarantine"
+    if quarantine and copy.source != "memory":
         reason = f"corrupt: {found.reason}"
         if copy.source == "local":
             mine = ctx.rank == 0 if ctx.shared else fetched.report.status == "corrupt"
@@ -329,6 +359,7 @@ def _use(
         result = RestoreResult(
             step=step,
             source=copy.source,
+            tier=_tier(copy, fetched),
             skipped_state=imported.not_imported,
             world_size=0,
             imported=True,
@@ -350,6 +381,8 @@ def _use(
         result = RestoreResult(
             step=loaded.step,
             source=copy.source,
+            tier=_tier(copy, fetched),
+            tiers=fetched.tiers,
             skipped_state=loaded.skipped_state,
             world_size=loaded.world_size,
             imported=not _ours(ctx, copy, fetched),
@@ -366,7 +399,9 @@ def _use(
     ctx.emit(
         "restored",
         result.step,
-        f"from {copy.label}" + (" (imported)" if result.imported else ""),
+        f"from {copy.label}"
+        + (f" [{result.tier}]" if copy.source == "memory" else "")
+        + (" (imported)" if result.imported else ""),
         nbytes=fetched.manifest.total_bytes if fetched.manifest else 0,
     )
     return result

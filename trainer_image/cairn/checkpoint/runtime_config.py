@@ -145,6 +145,8 @@ def from_env(
             env, podenv.UPLOAD_ON_FAILURE, checkpointspec.UploadOnFailure, "Continue"
         ),
         final_grace_seconds=grace,
+        memory_dir=pathlib.Path(env[podenv.MEMORY_DIR]) if env.get(podenv.MEMORY_DIR) else None,
+        memory_replicas=_int(env, podenv.MEMORY_REPLICAS, 1) or 0,
     )
     return RuntimeConfig(
         job_name=env.get(podenv.JOB_NAME) or None,

@@ -67,6 +67,7 @@ def resumed_from(result: restore.RestoreResult, *, attempt: int) -> jobstatus.Re
         step=result.step,
         attempt=attempt or None,
         source="remote" if result.source == "s3" else "local",
+        tier=result.tier or ("s3" if result.source == "s3" else "local"),
         uri=result.uri,
         fell_back_from=max((s for s, _ in result.skipped), default=None),
         imported=result.imported or None,

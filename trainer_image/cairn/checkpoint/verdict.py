@@ -42,7 +42,8 @@ STRENGTH: tuple[Status, ...] = (
     "refused",
     "transport",
 )
-Source = typing.Literal["local", "s3"]
+Source = typing.Literal["memory", "local", "s3"]
+"""`memory`: every rank's own memory copy, else its peer's replica (`memrestore`)."""
 Action = typing.Literal["load", "quarantine", "skip", "fail"]
 
 

@@ -270,6 +270,23 @@ def _checkpoint_volume(job: trainingjob.TrainingJob) -> dict[str, object]:
     return {"name": trainingjob.CHECKPOINT_VOLUME_NAME, "emptyDir": empty}
 
 
+def _memory_volumes(job: trainingjob.TrainingJob) -> list[dict[str, object]]:
+    """The in-memory tier's tmpfs (`medium: Memory`, sized by the spec), if enabled."""
+    memory = job.spec.checkpoint.memory
+    if not memory.enabled:
+        return []
+    empty: dict[str, object] = {"medium": "Memory"}
+    if memory.size_limit is not None:
+        empty["sizeLimit"] = memory.size_limit
+    return [{"name": podenv.MEMORY_VOLUME_NAME, "emptyDir": empty}]
+
+
+def _memory_mounts(job: trainingjob.TrainingJob) -> list[k8stypes.VolumeMount]:
+    if not job.spec.checkpoint.memory.enabled:
+        return []
+    return [{"name": podenv.MEMORY_VOLUME_NAME, "mountPath": podenv.MEMORY_MOUNT_PATH}]
+
+
 def _checkpoint_mount(job: trainingjob.TrainingJob) -> k8stypes.VolumeMount:
     mount: k8stypes.VolumeMount = {
         "name": trainingjob.CHECKPOINT_VOLUME_NAME,
@@ -305,6 +322,7 @@ def _trainer_container(
         "volumeMounts": [
             _checkpoint_mount(job),
             _manifest_key_mount(),
+            *_memory_mounts(job),
             *_ray_mounts(job),
             *(m.model_dump(by_alias=True) for m in overlay.volume_mounts or ()),
         ],
@@ -348,6 +366,7 @@ def pod(
         "volumes": [
             _checkpoint_volume(job),
             _manifest_key_volume(job),
+            *_memory_volumes(job),
             *_ray_volumes(job),
             *(v.model_dump(by_alias=True) for v in overlay.volumes or ()),
         ],

@@ -136,6 +136,9 @@ def _checkpoint_env(
     ]
     if resume.sha256 is not None:
         env.append(_value(podenv.RESUME_SHA256, resume.sha256))
+    if ckpt.memory.enabled:
+        env.append(_value(podenv.MEMORY_DIR, podenv.MEMORY_MOUNT_PATH))
+        env.append(_value(podenv.MEMORY_REPLICAS, ckpt.memory.replicas))
     return env
 
 

@@ -1,0 +1,361 @@
+"""Restore throughput from each tier of issue #23, side by side in one run.
+
+One process (no torch.distributed: world size 1), a model with AdamW whose
+checkpoint is >= 1 GiB (default 6 x Linear(4096, 4096): 101M parameters,
+1.13 GiB with the optimizer's two moments), saved once by the project's
+writer (`CheckpointManager.save`, uploaded to the devcluster's SeaweedFS).
+Then, in rounds, the same step is restored by `CheckpointManager.restore`
+(verify every file's size and CRC32C, vet the DCP metadata, DCP load: the
+trainer's load path) from each tier:
+
+- own memory:  a copy of the step folder in /dev/shm;
+- peer memory: `peer.fetch` from a `peer.ReplicaServer` in another process
+               over TCP loopback into /dev/shm (the replica pushed once
+               before the rounds), then the restore from there;
+- local volume: the writer's folder on disk, its pages dropped from the page
+               cache first (`posix_fadvise(DONTNEED)`; `fincore` says how
+               much stayed cached, recorded);
+- S3:          an empty directory on disk, so the restore downloads the step
+               through the project's fetch path (ranged GETs, CRC32C).
+
+Every restore starts from zeroed parameters and must give back the saved
+parameters bit for bit. Prints seconds and MiB/s per tier (median of the
+rounds) and the ratios to S3 (goal: peer memory <= 0.2x the S3 time), with
+the load average; records `bench/results/restore-tiers-<size>-<UTC>.json`.
+
+Usage: PYTHONPATH=api:operator:trainer_image:devcluster python bench/restore_tiers.py
+       [--layers 6] [--dim 4096] [--rounds 3] [--no-record]
+Needs the devcluster up (its S3). Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import typing
+import uuid
+import warnings
+
+import record  # bench/, next to this script
+import torch
+
+from cairn.checkpoint import layout, manager, options, peer, remote, s3transport, state
+from cairn.devcluster import cluster as cluster_mod
+
+MIB = 1024 * 1024
+TIERS = ("own_memory", "peer_memory", "local_volume", "s3")
+PEER_DEADLINE_S = 600.0
+
+
+def serve_peer(root: pathlib.Path, key_file: pathlib.Path) -> None:
+    """The peer process: a ReplicaServer until stdin closes; prints its port."""
+    with peer.ReplicaServer(root=root, key=key_file.read_bytes(), host="127.0.0.1") as server:
+        print(server.address[1], flush=True)
+        sys.stdin.read()
+
+
+def start_peer(work: pathlib.Path, key: bytes) -> tuple[subprocess.Popen[str], tuple[str, int]]:
+    key_file = work / "peer.key"
+    key_file.touch(mode=0o600)
+    key_file.write_bytes(key)  # not in argv: a process list shows argv
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-peer", str(work / "peer-root"), str(key_file)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # the server prints its port once listening
+    if not line.strip().isdigit():
+        proc.kill()
+        raise SystemExit(f"the peer process did not start (said {line!r})")
+    return proc, ("127.0.0.1", int(line))
+
+
+def drop_cache(folder: pathlib.Path) -> str:
+    """Drop the folder's files from the page cache; `fincore`'s verdict after."""
+    for path in folder.iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    big = max(folder.iterdir(), key=lambda p: p.stat().st_size)
+    try:
+        out = subprocess.run(
+            ["fincore", "--bytes", "--noheadings", "--output", "RES", str(big)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"fincore unavailable ({exc!r})"
+    return f"{out.stdout.strip()} of {big.stat().st_size} bytes of {big.name} cached"
+
+
+class Model:
+    """The model, its optimizer (one step taken: the moments exist) and the
+    parameters as saved, to check every restore against."""
+
+    def __init__(self, *, layers: int, dim: int, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.model = torch.nn.Sequential(
+            *[torch.nn.Linear(dim, dim, bias=False) for _ in range(layers)]
+        )
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        torch.autograd.backward(self.model(torch.randn(4, dim)).square().mean())
+        self.optim.step()
+        self.optim.zero_grad()
+        self.objects: dict[str, state.Stateful] = {
+            "model_optim": state.ModelOptimizerState(self.model, self.optim)
+        }
+        self.saved = [p.detach().clone() for p in self.model.parameters()]
+        self.params = sum(p.numel() for p in self.model.parameters())
+
+    def zero(self) -> None:
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.zero_()
+
+    def check(self, tier: str) -> None:
+        for p, want in zip(self.model.parameters(), self.saved, strict=True):
+            if not torch.equal(p.detach(), want):
+                raise SystemExit(f"{tier}: the restored parameters differ from the saved ones")
+
+
+def restore(m: Model, *, directory: pathlib.Path, s3: options.S3Options | None, tier: str) -> float:
+    """Seconds of `CheckpointManager.restore` from `directory` (else S3)."""
+    opts = options.CheckpointOptions(directory=directory, s3=s3, timeout_seconds=1200)
+    m.zero()
+    with manager.CheckpointManager(opts) as ckpt:
+        t0 = time.monotonic()
+        result = ckpt.restore(m.objects)
+        seconds = time.monotonic() - t0
+    if result is None or result.step != 1:
+        raise SystemExit(f"{tier}: restored {result}, not step 1")
+    m.check(tier)
+    return seconds
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Setup:
+    """What every tier's restore needs (one run)."""
+
+    m: Model
+    work: pathlib.Path
+    disk: pathlib.Path
+    shm: pathlib.Path
+    s3: options.S3Options
+    address: tuple[str, int]
+    key: bytes
+
+    @property
+    def step_name(self) -> str:
+        return layout.step_dir(self.disk, 1).name
+
+
+def own_memory(c: Setup) -> dict[str, typing.Any]:
+    own = c.shm / "own"
+    shutil.copytree(c.disk / c.step_name, own / c.step_name)
+    seconds = restore(c.m, directory=own, s3=None, tier="own memory")
+    shutil.rmtree(own)
+    return {"own_memory": seconds}
+
+
+def peer_memory(c: Setup) -> dict[str, typing.Any]:
+    """Fetch (the transport, CRC32C checked) + the restore from /dev/shm."""
+    fetched = c.shm / "fetched"
+    t0 = time.monotonic()
+    peer.fetch(
+        c.address,
+        key=c.key,
+        job_uid="bench",
+        source_rank=0,
+        step=1,
+        dest=fetched / c.step_name,
+        deadline_s=PEER_DEADLINE_S,
+    )
+    fetch_s = time.monotonic() - t0
+    seconds = fetch_s + restore(c.m, directory=fetched, s3=None, tier="peer memory")
+    shutil.rmtree(fetched)
+    return {"peer_memory": seconds, "peer_transport": fetch_s}
+
+
+def local_volume(c: Setup) -> dict[str, typing.Any]:
+    cached = drop_cache(c.disk / c.step_name)
+    return {
+        "local_volume": restore(c.m, directory=c.disk, s3=None, tier="local volume"),
+        "page_cache": cached,
+    }
+
+
+def s3_tier(c: Setup) -> dict[str, typing.Any]:
+    """The restore from S3, and the transport alone: the project's download
+    (`remote.download_files`, ranged GETs) + the CRC32C check of every file."""
+    empty = c.work / "from-s3"
+    seconds = restore(c.m, directory=empty, s3=c.s3, tier="s3")
+    shutil.rmtree(empty)
+    manifest = layout.read_manifest(c.disk / c.step_name)
+    target = c.work / "s3-transport"
+    t0 = time.monotonic()
+    remote.download_files(
+        s3transport.make_client(c.s3),
+        c.s3,
+        bucket=c.s3.bucket,
+        prefix=remote.data_prefix(remote.step_prefix(c.s3, 1), manifest),
+        folder=target,
+        names=[entry.path for entry in manifest.files],
+    )
+    if layout.verify_files(target, manifest.files):
+        raise SystemExit("s3 transport: the downloaded files do not match the manifest")
+    transport_s = time.monotonic() - t0
+    shutil.rmtree(target)
+    return {"s3": seconds, "s3_transport": transport_s}
+
+
+TIER_RUNS: tuple[typing.Callable[[Setup], dict[str, typing.Any]], ...] = (
+    own_memory,
+    peer_memory,
+    local_volume,
+    s3_tier,
+)
+
+
+def one_round(c: Setup, *, index: int) -> dict[str, typing.Any]:
+    """Every tier once, starting at a different tier each round (the machine's
+    load drifts; no tier always goes first)."""
+    row: dict[str, typing.Any] = {"order": []}
+    for i in range(len(TIER_RUNS)):
+        run = TIER_RUNS[(index + i) % len(TIER_RUNS)]
+        row["order"].append(run.__name__)
+        row.update(run(c))
+    row["load_average"] = list(os.getloadavg())
+    return row
+
+
+def report(rows: list[dict[str, typing.Any]], *, nbytes: int) -> dict[str, typing.Any]:
+    """Medians, rates and ratios of the rounds; printed and returned. Pure but for print."""
+    keys = (*TIERS, "peer_transport", "s3_transport")
+    med = {k: statistics.median(r[k] for r in rows) for k in keys}
+    figures: dict[str, typing.Any] = {"bytes": nbytes, "rounds": rows, "tiers": {}}
+    print(f"\ncheckpoint: {nbytes / MIB:.0f} MiB; median of {len(rows)} rounds")
+    print(f"{'restore (read + CRC32C + DCP load)':<36}{'seconds':>9}{'MiB/s':>9}{'x S3':>8}")
+    for key in keys:
+        anchor = "s3_transport" if key.endswith("_transport") else "s3"
+        ratio = med[key] / med[anchor]
+        rate = nbytes / MIB / med[key]
+        figures["tiers"][key] = {"seconds": med[key], "mib_per_s": rate, "ratio_to_s3": ratio}
+        if key == "peer_transport":
+            print(f"{'transport only (+ CRC32C check)':<36}")
+        print(f"  {key:<34}{med[key]:>9.2f}{rate:>9.0f}{ratio:>8.3f}")
+    goal = figures["tiers"]["peer_memory"]["ratio_to_s3"]
+    figures["goal_peer_le_0.2x_s3"] = goal <= 0.2
+    print(f"goal peer memory <= 0.2x S3 time: {goal:.3f} -> {'met' if goal <= 0.2 else 'NOT met'}")
+    print(f"page cache before each local restore: {[r['page_cache'] for r in rows]}")
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--dim", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--serve-peer", nargs=2, type=pathlib.Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_peer:
+        serve_peer(*args.serve_peer)
+        return
+    env = record.environment()
+    torch.set_num_threads(2)
+    warnings.filterwarnings("ignore", "torch.distributed is disabled")  # world size 1
+    cluster = cluster_mod.Cluster.default()
+    client = cluster.s3_client()
+    bucket = f"cairn-bench-restore-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    creds = cluster.s3_credentials()
+    s3 = options.S3Options(
+        uri=f"s3://{bucket}/bench",
+        endpoint_url=cluster.s3_endpoint,
+        region="us-east-1",
+        access_key=creds.access_key,
+        secret_key=creds.secret_key,
+    )
+    work = pathlib.Path(tempfile.mkdtemp(prefix="cairn-restore-tiers-"))
+    shm = pathlib.Path(tempfile.mkdtemp(prefix="cairn-restore-tiers-", dir="/dev/shm"))
+    proc = None
+    try:
+        m = Model(layers=args.layers, dim=args.dim, seed=args.seed)
+        disk = work / "volume"
+        with manager.CheckpointManager(
+            options.CheckpointOptions(directory=disk, s3=s3, timeout_seconds=1200)
+        ) as ckpt:
+            ckpt.save(1, m.objects, force=True)
+            ckpt.wait_until_finished()
+        folder = layout.step_dir(disk, 1)
+        if not layout.is_uploaded(folder):
+            raise SystemExit("the step was not uploaded to S3")
+        files = sorted(p for p in folder.iterdir() if p.name != layout.UPLOADED_MARKER)
+        nbytes = sum(p.stat().st_size for p in files)
+        key = peer.derive_key(os.urandom(32))
+        proc, address = start_peer(shm, key)
+        t0 = time.monotonic()
+        peer.push(
+            address,
+            key=key,
+            job_uid="bench",
+            source_rank=0,
+            step=1,
+            files=files,
+            deadline_s=PEER_DEADLINE_S,
+        )
+        push_s = time.monotonic() - t0
+        print(
+            f"replica pushed to the peer process: {push_s:.2f}s, {nbytes / MIB / push_s:.0f} MiB/s"
+        )
+        rows = []
+        setup = Setup(m=m, work=work, disk=disk, shm=shm, s3=s3, address=address, key=key)
+        for i in range(args.rounds):
+            rows.append(one_round(setup, index=i))
+            print(f"round {i + 1}: " + ", ".join(f"{t} {rows[-1][t]:.2f}s" for t in TIERS))
+        figures = report(rows, nbytes=nbytes)
+        figures["peer_push_seconds"] = push_s
+        figures["peer_push_mib_per_s"] = nbytes / MIB / push_s
+        print(f"load average now: {os.getloadavg()} (2 cores shared by 5 engineers)")
+        if not args.no_record:
+            params = {**vars(args), "model_params": m.params, "torch_threads": 2}
+            params.pop("serve_peer")
+            params.pop("no_record")
+            path = record.write(
+                bench="restore-tiers",
+                tag=f"{nbytes / 1024**3:.2f}GiB",
+                env=env,
+                params=params,
+                figures=figures,
+            )
+            print(f"record: {path}")
+    finally:
+        if proc is not None:
+            proc.communicate(input="", timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket):
+            for obj in page.get("Contents", []):
+                client.delete_object(Bucket=bucket, Key=obj["Key"])
+        client.delete_bucket(Bucket=bucket)
+
+
+if __name__ == "__main__":
+    main()

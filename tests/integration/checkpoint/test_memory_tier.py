@@ -1,0 +1,105 @@
+"""The in-memory tier end to end: two gloo ranks, each with its own volume and
+its own "pod memory" folder (`CheckpointOptions.memory_dir`), real replica
+servers on loopback (`cairn.checkpoint.peer`), the job's manifest keyring.
+
+One saving run (every rank keeps its share in memory and pushes its
+replica to the other), then two restores (each a new process per rank, as
+after a kill; no step is saved after a restore, so both see step 4):
+
+- a corrupted memory copy: one flipped byte in rank 0's own copy AND in
+  the replica rank 1 holds for it; CRC32C refuses both, the memory copy is
+  never loaded, the volume's copy is (tier `local`), bit-identical;
+- a rank lost its volume and its memory (a replacement pod): rank 1 fetches
+  its replica from rank 0's server (`peer`), while rank 0 loads its own
+  memory copy though its volume holds the step too (`memory`);
+  bit-identical, and the replica becomes rank 1's own memory copy again.
+
+Memory off (`memory_dir` None) is every other checkpoint test; the unit
+tests (tests/unit/checkpoint/test_memtier.py) cover the pure parts.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import typing
+
+import ckpt_harness  # type: ignore[import-not-found]
+import pytest
+
+from cairn.api import manifest as manifest_mod
+from cairn.checkpoint import layout, memtier
+
+pytestmark = [pytest.mark.torch]
+
+UID = "eeeeeeee-0000-4000-8000-000000000023"
+RING = manifest_mod.Keyring(current="k1", keys={"k1": bytes(range(32))})
+
+
+def _flip(path: pathlib.Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _assert_same_state(saved: ckpt_harness.Job, resumed: ckpt_harness.Job) -> None:
+    for rank in range(2):
+        diff = ckpt_harness.state_differences(resumed.dump("restored", rank), saved.dump(4, rank))
+        assert diff == [], (rank, diff)
+
+
+def _resume(base: dict[str, typing.Any], tmp: pathlib.Path, name: str) -> ckpt_harness.Job:
+    job = ckpt_harness.launch(
+        {**base, "steps": 4, "resume": True, "attempt": 1}, world=2, tmp=tmp, name=name
+    )
+    job.wait()
+    return job
+
+
+def test_restore_order_memory_then_peer_then_volume(tmp_path: pathlib.Path) -> None:
+    base: dict[str, typing.Any] = {
+        "dir": str(tmp_path / "pod-{rank}"),
+        "memory_dir": str(tmp_path / "mem-{rank}"),
+        "interval": 2,
+        "job_uid": UID,
+        "keyring": manifest_mod.dump_keyring(RING).decode(),
+    }
+    saved = ckpt_harness.launch(
+        {**base, "steps": 4, "dump_steps": [4]}, world=2, tmp=tmp_path, name="saved"
+    )
+    saved.wait()
+    mem = [tmp_path / f"mem-{rank}" for rank in range(2)]
+    for rank in range(2):
+        assert memtier.own_steps(mem[rank]) == [4]  # step 2 dropped once 4 was complete
+        kept = [e for e in saved.result(rank)["events"] if e["phase"] == "memory_kept"]
+        assert [e["step"] for e in kept][-1] == 4
+        assert (mem[(rank + 1) % 2] / "peer" / f"rank-{rank}" / "step-4").is_dir()
+
+    # a flipped byte in rank 0's own copy and in its replica: never loaded
+    flipped = [
+        memtier.own_folder(mem[0], 4) / "__0_0.distcp",
+        mem[1] / "peer" / "rank-0" / "step-4" / "__0_0.distcp",
+    ]
+    for path in flipped:
+        shutil.copyfile(path, path.with_suffix(".good"))
+        _flip(path)
+    corrupt = _resume(base, tmp_path, "corrupt")
+    assert [corrupt.result(r)["tier"] for r in range(2)] == ["local", "local"]
+    refused = [e for e in corrupt.result(0)["events"] if e["phase"] == "memory_failed"]
+    assert refused and "crc32c" in refused[0]["message"]
+    fallback = [e for e in corrupt.result(0)["events"] if e["phase"] == "restored"]
+    assert fallback and "(local)" in fallback[0]["message"]
+    _assert_same_state(saved, corrupt)
+    for path in flipped:
+        path.with_suffix(".good").replace(path)
+
+    # rank 1's pod replaced: no volume, no own memory -> its replica on rank 0;
+    # rank 0 loads its own memory copy, though its volume holds the step too
+    shutil.rmtree(tmp_path / "pod-1")
+    shutil.rmtree(memtier.own_root(mem[1]))
+    lost = _resume(base, tmp_path, "lost")
+    assert [lost.result(r)["tier"] for r in range(2)] == ["peer", "peer"]  # the job's summary
+    assert [lost.result(r)["tiers"] for r in range(2)] == [["memory", "peer"]] * 2
+    _assert_same_state(saved, lost)
+    assert memtier.own_steps(mem[1]) == [4]  # the replica became its own memory copy again
+    assert not layout.step_dir(tmp_path / "pod-1", 4).exists()  # memory is not the volume

@@ -1,0 +1,228 @@
+"""The in-memory tier, restore side: plan a memory copy, fetch a rank's share of it.
+
+    held / memory_step   planning (`cairn.checkpoint.candidates`): every rank
+                         says which steps it holds in its own memory and which
+                         step of its predecessor's replica; rank 0 picks the
+                         newest step every rank can get from one of the two
+                         (`memory_step`, pure)
+    fetch                every rank, for that copy: its own memory first,
+                         else its replica from rank (r+1) mod N's server
+                         (`peer.fetch`, which checks each file's CRC32C
+                         against the replica record); then every byte is
+                         checked against the step's manifest (sizes, CRC32C;
+                         the manifest must authenticate as the job's own), so
+                         a corrupt memory copy is never loaded: the next
+                         source, or the next copy (the volume, S3), is used
+    agree on the manifest  all ranks must hold the same commit of the step
+                         (one exchange of its attempt and time), and learn
+                         which tier each rank used (`Fetched.tiers`)
+
+A memory copy is a same-world copy: each rank's folder holds its own files
+and `.metadata`, and is loaded as a node-local folder (`load`). A memory
+copy that fails is reported `incomplete` (kept, never quarantined: the
+volume and S3 copies of the step are separate). A replica fetched from the
+peer becomes this rank's own copy again (renamed into `own/`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import pathlib
+import re
+import shutil
+import typing
+
+from cairn.api import manifest as manifest_mod
+from cairn.checkpoint import errors, layout, memtier, peer
+from cairn.checkpoint import fetch as fetch_mod
+from cairn.checkpoint import verdict as verdict_mod
+
+log = logging.getLogger(__name__)
+
+RESTORE_DIR = "restore"
+_REPLICA_DIR = re.compile(r"step-(\d{1,18})")
+PEER_FETCH_DEADLINE_SECONDS = 120.0
+Tier = typing.Literal["memory", "peer", "local", "s3"]
+
+
+# -- plan -----------------------------------------------------------------------------
+
+
+def held(tier: memtier.MemoryTier) -> dict[str, typing.Any]:
+    """What this rank can serve: its own steps, and its predecessor's replica steps."""
+    source = (tier.rank - 1) % tier.world
+    replicas = tier.memdir / "peer" / f"rank-{source}"  # `peer.ReplicaServer`'s layout
+    found = (_REPLICA_DIR.fullmatch(p.name) for p in _children(replicas))
+    return {
+        "own": memtier.own_steps(tier.memdir),
+        "replica": sorted(int(m.group(1)) for m in found if m is not None),
+    }
+
+
+def _children(folder: pathlib.Path) -> list[pathlib.Path]:
+    try:
+        return [p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
+
+
+def memory_step(reports: typing.Sequence[typing.Mapping[str, typing.Any]]) -> int | None:
+    """The newest step every rank can get from memory: from its own copy or
+    from the replica its successor holds. Reports are by rank (`held`);
+    anything malformed counts as nothing held. Pure."""
+    world = len(reports)
+    if world == 0:
+        return None
+
+    def steps(doc: typing.Mapping[str, typing.Any], name: str) -> set[int]:
+        value = doc.get(name)
+        if not isinstance(value, list):
+            return set()
+        return {s for s in value if isinstance(s, int) and not isinstance(s, bool) and s >= 0}
+
+    reachable = [
+        steps(reports[r], "own") | steps(reports[(r + 1) % world], "replica") for r in range(world)
+    ]
+    common = set.intersection(*reachable)
+    return max(common, default=None)
+
+
+# -- fetch ----------------------------------------------------------------------------
+
+
+def context_for(ctx: fetch_mod.Context, copy: verdict_mod.Copy) -> fetch_mod.Context:
+    """A memory copy is per rank (node-local), whatever the volume is."""
+    return dataclasses.replace(ctx, shared=False) if copy.source == "memory" else ctx
+
+
+def fetch(ctx: fetch_mod.Context, copy: verdict_mod.Copy) -> fetch_mod.Fetched:
+    """This rank's share of the memory copy of `copy.step` (collective: every
+    rank calls it for the same copy). Never raises for what it finds."""
+    try:
+        found, reasons = _find(ctx, copy.step)
+    except Exception as exc:  # never skip the exchange below: the other ranks wait on it
+        found, reasons = None, [f"{type(exc).__name__}: {exc}"]
+    mine: dict[str, typing.Any] = {"tier": None, "commit": None}
+    if found is not None:
+        folder, manifest, tier = found
+        mine = {"tier": tier, "commit": [manifest.attempt, manifest.created_at]}
+    key = f"{ctx.namespace}/memory-{copy.step}"
+    ctx.coordinator.publish(key, mine)
+    everyone = ctx.coordinator.gather(key, timeout=ctx.timeout)
+    tiers = tuple(str(doc.get("tier")) for doc in everyone)
+    if found is None:
+        return fetch_mod.Fetched(report=_report(ctx, "; ".join(reasons)), tiers=tiers)
+    if any(doc.get("commit") != mine["commit"] for doc in everyone):
+        why = f"ranks hold different commits of step {copy.step} in memory"
+        return fetch_mod.Fetched(report=_report(ctx, why), tiers=tiers)
+    return fetch_mod.Fetched(
+        report=verdict_mod.Report(status="ok", rank=ctx.rank),
+        folder=folder,
+        manifest=manifest,
+        tiers=tiers,
+    )
+
+
+def _report(ctx: fetch_mod.Context, detail: str) -> verdict_mod.Report:
+    return verdict_mod.Report(status="incomplete", detail=detail[:2000], rank=ctx.rank)
+
+
+def _find(
+    ctx: fetch_mod.Context, step: int
+) -> tuple[tuple[pathlib.Path, manifest_mod.Manifest, Tier] | None, list[str]]:
+    """(folder, manifest, tier) of the first source that verifies, and why the others did not."""
+    tier = ctx.memory
+    reasons: list[str] = []
+    if tier is None:
+        return None, ["the memory tier is off on this rank"]
+    own = memtier.own_folder(tier.memdir, step)
+    if own.is_dir():
+        try:
+            return (own, _verified(ctx, own, step), "memory"), reasons
+        except _UnusableError as exc:
+            reasons.append(f"own memory: {exc}")
+            log.warning("memory copy of step %d refused, trying the peer: %s", step, exc)
+            ctx.emit("memory_failed", step, f"own memory copy refused: {exc}")
+    else:
+        reasons.append("own memory: absent")
+    folder = tier.memdir / RESTORE_DIR / manifest_mod.step_dir_name(step)
+    try:
+        _from_peer(ctx, tier, step, dest=folder)
+        manifest = _verified(ctx, folder, step)
+    except _UnusableError as exc:
+        shutil.rmtree(folder, ignore_errors=True)  # our own download: memory is scarce
+        reasons.append(f"peer: {exc}")
+        return None, reasons
+    return (_promote(tier, folder, manifest), manifest, "peer"), reasons
+
+
+class _UnusableError(Exception):
+    """This source of the memory copy cannot be used (why)."""
+
+
+def _verified(ctx: fetch_mod.Context, folder: pathlib.Path, step: int) -> manifest_mod.Manifest:
+    """The folder's manifest, when it is the job's own step and every file of
+    this rank's share matches it (sizes, CRC32C)."""
+    try:
+        manifest = layout.read_manifest(folder)
+    except errors.CheckpointError as exc:
+        raise _UnusableError(str(exc)) from exc
+    checked = manifest_mod.authenticate(
+        manifest, job_uid=ctx.opts.job_uid, keyring=ctx.opts.manifest_keyring
+    )
+    if not checked.own:
+        raise _UnusableError(f"not this job's own: {checked.reason}")
+    if manifest.step != step or manifest.world_size != ctx.world:
+        raise _UnusableError(
+            f"step {manifest.step} of world {manifest.world_size}, wanted {step} of {ctx.world}"
+        )
+    problems = layout.verify_files(folder, memtier.share_entries(manifest, ctx.rank))
+    if problems:
+        raise _UnusableError(verdict_mod.describe(problems))
+    return manifest
+
+
+def _from_peer(
+    ctx: fetch_mod.Context, tier: memtier.MemoryTier, step: int, *, dest: pathlib.Path
+) -> None:
+    """This rank's replica of `step`, fetched from its successor into `dest` (in memory)."""
+    address = tier.peer_of(ctx.rank)
+    if address is None or tier.key is None or tier.job_uid is None:
+        raise _UnusableError("no peer replica (replicas off, no key, or one rank)")
+    shutil.rmtree(dest, ignore_errors=True)
+    try:
+        peer.fetch(
+            address,
+            key=tier.key,
+            job_uid=tier.job_uid,
+            source_rank=ctx.rank,
+            step=step,
+            dest=dest,
+            deadline_s=min(PEER_FETCH_DEADLINE_SECONDS, ctx.timeout),
+        )
+    except (peer.PeerUnavailable, OSError) as exc:
+        raise _UnusableError(str(exc)) from exc
+
+
+def _promote(
+    tier: memtier.MemoryTier, folder: pathlib.Path, manifest: manifest_mod.Manifest
+) -> pathlib.Path:
+    """A verified replica becomes this rank's own memory copy again."""
+    final = memtier.own_folder(tier.memdir, manifest.step)
+    index = {
+        "step": manifest.step,
+        "rank": tier.rank,
+        "files": [e.model_dump(mode="json") for e in memtier.share_entries(manifest, tier.rank)],
+    }
+    try:
+        (folder / memtier.INDEX).write_text(json.dumps(index))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():
+            shutil.rmtree(final)  # the refused own copy
+        folder.rename(final)
+    except OSError as exc:
+        log.warning("replica of step %d not kept as own copy: %r", manifest.step, exc)
+        return folder
+    return final
