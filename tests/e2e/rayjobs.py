@@ -128,3 +128,42 @@ def wait_new_step(
             return time.monotonic()
         time.sleep(POLL_SECONDS)
     raise AssertionError(f"{pod}: no new training step within {timeout:.0f}s")
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in pathlib.Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
+def torchrun_worker_pid(agent: int, *, module: str = "cairn.trainer.reference") -> int | None:
+    """The trainer worker under a pod's torchrun agent (the container's PID), or None.
+
+    Plain torchrun's worker is a child running ``python -u -m <module>``; the
+    warm launcher's (``cairn.trainer.launch``) is a child of its fork server,
+    whose command line (shared by its forks) names ``multiprocessing.forkserver``.
+    """
+    launchers = (b"torchrun", b"cairn.trainer.launch", b"cairn-torchrun")
+    pending = [(pid, False) for pid in _children(agent)]
+    while pending:
+        pid, forked = pending.pop(0)
+        cmdline = _cmdline(pid)
+        # The server's own command line names the preloaded modules, the target too.
+        server = b"multiprocessing.forkserver" in cmdline
+        if forked or (
+            not server and module.encode() in cmdline and not any(x in cmdline for x in launchers)
+        ):
+            return pid
+        pending += [(child, server) for child in _children(pid)]
+    return None

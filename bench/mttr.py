@@ -1,0 +1,239 @@
+"""MTTR on the devcluster: SIGKILL of a rank's worker process -> its first training step after.
+
+    python bench/mttr.py [--kills 5] [--kinds pod,inplace,warm,ray]
+
+One job per kind (examples/quickstart.yaml's trainer, 2 nodes x 1 process,
+a checkpoint every 5 steps, 80 steps, ``restartPolicy.backoffSeconds: 0`` so
+the pod-level figure is the mechanics, not the configured backoff), run one
+after the other on the running devcluster and operator:
+
+- ``pod``: ``torchrun``, ``maxInPlaceRestarts: 0`` (today's default): the
+  worker's death ends torchrun, the operator restarts every pod (new attempt);
+- ``inplace``: ``torchrun``, ``maxInPlaceRestarts: 10``: torchrun's agents
+  restart the worker group in the same pods, each worker a new interpreter;
+- ``warm``: the same under ``python -m cairn.trainer.launch`` (workers forked
+  from a server that imported torch, the checkpoint library and, through
+  ``--preload=``, the trainer module);
+- ``ray``: the Ray runtime in place (bench/ray_recovery_devcluster.py's
+  ``inplace`` job, its SIGKILL of rank 1's actor), when asked for.
+
+Each kill: once a step >= 10 (then 5 past the last recovery) is committed,
+SIGKILL rank 1's worker process (torchrun's child, or the fork server's child)
+and time from the kill to the first line rank 0 appends to its losses file
+afterwards (the trainer's own step log: the same pod in place, the new
+attempt's rank-0 pod after a pod-level restart), polled every 50 ms.
+Prints the table (median of ``--kills`` per kind, min, max, ratios to
+``pod``, with the load average) and records JSON in bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import uuid
+from typing import Any
+
+from kubernetes import client, config
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import ray_recovery_devcluster
+import record
+
+from cairn.devcluster import cluster
+from tests import demo
+from tests.e2e import rayjobs
+
+STEPS = 80
+STEP_TIMEOUT = 300.0
+"""A kill's deadline to reach the next training step (a hang is a failure)."""
+REFERENCE = "cairn.trainer.reference"
+GOAL_SECONDS = 10.0
+GOAL_RATIO = 0.1
+
+TORCHRUN_KINDS: dict[str, dict[str, Any]] = {
+    "pod": {"command": ["torchrun", "-m", REFERENCE], "in_place": 0},
+    "inplace": {"command": ["torchrun", "-m", REFERENCE], "in_place": 10},
+    "warm": {
+        "command": [
+            "python",
+            "-m",
+            "cairn.trainer.launch",
+            f"--preload={REFERENCE}",
+            "-m",
+            REFERENCE,
+        ],
+        "in_place": 10,
+    },
+}
+LABELS = {
+    "pod": "torchrun, pod-level restart (maxInPlaceRestarts 0)",
+    "inplace": "torchrun, in place",
+    "warm": "torchrun, in place + warm (cairn.trainer.launch)",
+    "ray": "Ray, in place",
+}
+
+
+def _committed(job: dict[str, Any]) -> int:
+    ckpts = (job.get("status") or {}).get("checkpoints") or {}
+    return int((ckpts.get("lastCommitted") or {}).get("step", 0))
+
+
+class TorchrunBench:
+    """One job of a torchrun kind; its on_poll hook kills and times."""
+
+    def __init__(self, *, target: cluster.Cluster, api: client.ApiClient, kind: str) -> None:
+        self.target, self.api, self.kind = target, api, kind
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.namespace = f"bench-mttr-{uuid.uuid4().hex[:6]}"
+        bucket = f"bench-mttr-{uuid.uuid4().hex[:6]}"
+        demo.prepare_namespace(
+            api_client=api, target=target, namespace=self.namespace, bucket=bucket
+        )
+        self.body = self._manifest(bucket)
+        self.samples: list[float] = []
+        self.loads: list[float] = []
+        self.parents: list[int] = []
+        """Each killed worker's parent: the agent (plain torchrun) or the fork server (warm)."""
+        self.next_after = 10
+
+    def _manifest(self, bucket: str) -> dict[str, Any]:
+        shape = TORCHRUN_KINDS[self.kind]
+        body = rayjobs.manifest(
+            self.target, name=f"mttr-{self.kind}", runtime="torchrun", bucket=bucket, steps=STEPS
+        )
+        spec = body["spec"]
+        spec["command"] = shape["command"]
+        spec["restartPolicy"] = {"maxRestarts": 10, "backoffSeconds": 0}
+        if shape["in_place"]:
+            spec["torchrun"] = {"maxInPlaceRestarts": shape["in_place"]}
+        return body
+
+    def poll(self, job: dict[str, Any], kills: int) -> None:
+        status = job.get("status") or {}
+        if len(self.samples) >= kills or status.get("phase") != "Running":
+            return
+        if _committed(job) < self.next_after:
+            return
+        name = self.body["metadata"]["name"]
+        agent = demo.rank_pid(self.core, namespace=self.namespace, job=name, rank=1)
+        worker = None if agent is None else rayjobs.torchrun_worker_pid(agent)
+        if agent is None or worker is None:
+            return
+        head = rayjobs.head_pod(job)
+        state = self.target.state.root
+        in_place = TORCHRUN_KINDS[self.kind]["in_place"] > 0
+        watch = head if in_place else f"{name}-a{status['attempt'] + 1}-n0"
+        after = rayjobs.loss_lines(state, self.namespace, head) if in_place else 0
+        self.loads.append(os.getloadavg()[0])
+        stat = pathlib.Path(f"/proc/{worker}/stat").read_text()
+        self.parents.append(int(stat.rsplit(")", 1)[1].split()[1]))
+        killed_at = rayjobs.kill(worker)
+        stepped = rayjobs.wait_new_step(
+            state, self.namespace, watch, after_lines=after, timeout=STEP_TIMEOUT
+        )
+        self.samples.append(stepped - killed_at)
+        print(f"{self.kind}: kill {len(self.samples)}: {stepped - killed_at:.2f}s", flush=True)
+        latest = demo.get_job(self.custom, self.namespace, name)
+        self.next_after = max(_committed(latest), self.next_after) + 5
+
+    def run(self, kills: int) -> tuple[list[float], list[float]]:
+        demo.run_job(
+            api_client=self.api,
+            namespace=self.namespace,
+            body=self.body,
+            kill_rank_after_commit=None,
+            on_row=lambda row: print(f"{self.kind}: {row.line()}", flush=True),
+            on_poll=lambda job: self.poll(job, kills),
+            timeout=1800,
+            poll_seconds=0.5,
+        )
+        self.core.delete_namespace(self.namespace)
+        return self.samples, self.loads
+
+
+def summary(samples: list[float], loads: list[float]) -> dict[str, Any]:
+    """Median, min, max of the samples (seconds) and the 1-min load average at the kills. Pure."""
+    return {
+        "n": len(samples),
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "samples": samples,
+        "load_1m_at_kills": loads,
+    }
+
+
+def table(rows: dict[str, dict[str, Any]]) -> str:
+    """The Markdown table the docs quote: one row per kind, ratio to ``pod``. Pure."""
+    pod = rows.get("pod", {}).get("median")
+    lines = [
+        "| kind | kills | median s | min s | max s | ratio to pod-level |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for kind, row in rows.items():
+        if not row.get("n"):
+            lines.append(f"| {LABELS[kind]} | 0 | | | | |")
+            continue
+        ratio = f"{row['median'] / pod:.2f}" if pod else ""
+        lines.append(
+            f"| {LABELS[kind]} | {row['n']} | {row['median']:.1f} | {row['min']:.1f} "
+            f"| {row['max']:.1f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/mttr.py")
+    parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--kinds", default="pod,inplace,warm,ray")
+    args = parser.parse_args(argv)
+    kinds = args.kinds.split(",")
+    unknown = set(kinds) - set(LABELS)
+    if unknown:
+        parser.error(f"unknown kinds {sorted(unknown)}; known: {sorted(LABELS)}")
+    env = record.environment()
+    target = cluster.Cluster.default()
+    api = config.new_client_from_config(config_file=str(target.state.admin_kubeconfig))
+    rows: dict[str, dict[str, Any]] = {}
+    for kind in kinds:
+        print(f"{kind}: load average {os.getloadavg()}", flush=True)
+        if kind == "ray":
+            loads_before = os.getloadavg()[0]
+            bench = ray_recovery_devcluster.Bench(target, api, "inplace")
+            samples, loads = bench.run(args.kills), [loads_before]
+        else:
+            torchrun = TorchrunBench(target=target, api=api, kind=kind)
+            samples, loads = torchrun.run(args.kills)
+        rows[kind] = summary(samples, loads) if samples else {"n": 0, "samples": []}
+        if kind != "ray":
+            # Warm: one fork server per pod and attempt (fewer parents than kills).
+            rows[kind]["killed_worker_parents"] = torchrun.parents
+    text = table(rows)
+    print(text)
+    warm, pod = rows.get("warm", {}).get("median"), rows.get("pod", {}).get("median")
+    goal = None
+    if warm is not None and pod:
+        goal = {
+            "warm_s": warm,
+            "ratio": warm / pod,
+            "met": warm <= GOAL_SECONDS and warm <= GOAL_RATIO * pod,
+        }
+        print(f"goal (warm <= {GOAL_SECONDS:.0f}s and <= {GOAL_RATIO}x pod-level): {goal}")
+    path = record.write(
+        bench="mttr",
+        tag=f"{args.kills}kills",
+        env=env,
+        params={"kills": args.kills, "kinds": kinds, "steps": STEPS, "interval_steps": 5},
+        figures={"rows": rows, "table": text, "goal": goal},
+    )
+    print(f"recorded {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

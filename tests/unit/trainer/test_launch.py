@@ -1,0 +1,166 @@
+"""The warm launcher's argument handling (``cairn.trainer.launch``), in process.
+
+Covers: ``-m module`` and a script become the entrypoint's (mode, target,
+argv) with the script's own flags untouched; the operator's ``PET_*``
+rendezvous and restart budget reach torch's ``LaunchConfig`` as with
+torchrun, with the start method forced to forkserver; ``--standalone`` gets
+c10d on localhost as torchrun gives it; ``--no-python`` and ``-m`` with
+``--run-path`` are refused with a message naming the flag (exit non-zero,
+nothing launched); the preload list (defaults, then leading ``--preload=``
+names, torchrun's arguments left untouched, a bad name refused); the worker
+runs a module or script with ``sys.argv`` as ``python -m`` would (a module
+the fork server preloaded too), returns on ``sys.exit(0)`` and leaves with
+any other code; the console script is declared in pyproject. The launch itself (fork
+server, restarts on the devcluster) is covered by
+tests/e2e/test_torchrun_inplace.py.
+"""
+
+import importlib
+import pathlib
+import sys
+import tomllib
+
+import pytest
+
+from cairn.trainer import launch
+
+pytestmark = pytest.mark.torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+OPERATOR_ENV = {
+    "PET_NNODES": "2",
+    "PET_NPROC_PER_NODE": "1",
+    "PET_RDZV_BACKEND": "c10d",
+    "PET_RDZV_ENDPOINT": "job-a1-n0.job:29400",
+    "PET_RDZV_ID": "uid-a1",
+    "PET_RDZV_CONF": "is_host=1",
+    "PET_MAX_RESTARTS": "2",
+}
+
+
+@pytest.fixture
+def operator_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in OPERATOR_ENV.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_module_target_keeps_its_own_flags(operator_env: None) -> None:
+    config, entry = launch.plan(["-m", "cairn.trainer.reference", "--steps", "60", "-m", "x"])
+    assert entry == ["module", "cairn.trainer.reference", "--steps", "60", "-m", "x"]
+    assert config.start_method == "forkserver"
+
+
+def test_operator_rendezvous_and_budget_reach_the_config(operator_env: None) -> None:
+    config, _ = launch.plan(["-m", "cairn.trainer.reference"])
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 1)
+    assert (config.rdzv_backend, config.rdzv_endpoint) == ("c10d", "job-a1-n0.job:29400")
+    assert (config.run_id, config.max_restarts) == ("uid-a1", 2)
+    assert config.rdzv_configs["is_host"] == "1"
+
+
+def test_script_target(operator_env: None) -> None:
+    _, entry = launch.plan(["--max-restarts", "0", "/abs/train.py", "--lr", "1"])
+    assert entry == ["script", "/abs/train.py", "--lr", "1"]
+
+
+def test_standalone_gets_a_local_c10d_rendezvous() -> None:
+    config, _ = launch.plan(["--standalone", "--nproc-per-node", "2", "train.py"])
+    assert (config.rdzv_backend, config.rdzv_endpoint) == ("c10d", "localhost:0")
+    assert config.run_id and config.nproc_per_node == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--no-python", "/bin/train"], "--no-python"),
+        (["-m", "--run-path", "/abs/train.py"], "--run-path"),
+    ],
+    ids=["no-python", "module-and-run-path"],
+)
+def test_refused_flags_exit_with_the_reason(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        launch.main(["--standalone", *argv])
+    assert flag in str(exited.value.code) and exited.value.code != 0
+
+
+def test_preload_defaults_then_leading_flags() -> None:
+    argv = [
+        "--preload= cairn.trainer.reference, torch ,",
+        "--preload=a.b",
+        "-m",
+        "m",
+        "--preload=x",
+    ]
+    names, rest = launch.split_preload(argv)
+    assert names[: len(launch.DEFAULT_PRELOAD)] == list(launch.DEFAULT_PRELOAD)
+    assert names.count("torch") == 1 and names[-2:] == ["cairn.trainer.reference", "a.b"]
+    assert rest == ["-m", "m", "--preload=x"]  # the target's own flags stay its own
+    assert launch.split_preload(["t.py"]) == (list(launch.DEFAULT_PRELOAD), ["t.py"])
+
+
+@pytest.mark.parametrize("bad", ["os; rm -rf /", "../x", "a..b"])
+def test_preload_refuses_what_is_not_a_module_name(bad: str) -> None:
+    with pytest.raises(launch.LaunchError, match="--preload"):
+        launch.split_preload([f"--preload={bad}", "t.py"])
+
+
+def _program(tmp_path: pathlib.Path, exit_code: str) -> pathlib.Path:
+    path = tmp_path / "warmprog.py"
+    path.write_text(
+        "import pathlib, sys\n"
+        "pathlib.Path(sys.argv[1]).write_text(repr((__name__, sys.argv[2:])))\n"
+        f"sys.exit({exit_code})\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("mode", ["module", "script"])
+def test_worker_runs_the_target_as_main_and_returns_on_exit_zero(
+    mode: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = _program(tmp_path, "0")
+    monkeypatch.chdir(tmp_path)  # python -m finds the module from the cwd
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "warmprog", raising=False)
+    target = "warmprog" if mode == "module" else str(program)
+    seen = tmp_path / "seen"
+    launch.run_worker(mode, target, str(seen), "--a", "1")  # returns: a success
+    assert seen.read_text() == repr(("__main__", ["--a", "1"]))
+
+
+def test_worker_runs_a_preloaded_module_as_main_without_runpy_warning(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork server may have imported the target (--preload): python -m semantics
+    still hold, and runpy's "found in sys.modules" warning (an error here) is not raised."""
+    (tmp_path / "warmmain.py").write_text(
+        "import pathlib, sys\nif __name__ == '__main__':\n"
+        "    pathlib.Path(sys.argv[1]).write_text('ran as main')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    monkeypatch.delitem(sys.modules, "warmmain", raising=False)
+    importlib.import_module("warmmain")  # what the fork server's preload did
+    launch.run_worker("module", "warmmain", str(tmp_path / "seen"))
+    assert (tmp_path / "seen").read_text() == "ran as main"
+
+
+@pytest.mark.parametrize("code", ["3", "'bad config'"])
+def test_worker_leaves_with_any_other_exit(
+    code: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = _program(tmp_path, code)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(SystemExit) as exited:
+        launch.run_worker("script", str(program), str(tmp_path / "seen"))
+    assert exited.value.code == eval(code)
+
+
+def test_console_script_is_declared() -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["cairn-torchrun"] == "cairn.trainer.launch:main"

@@ -1,0 +1,211 @@
+"""Warm restarts for torchrun: a drop-in launcher whose workers fork from a pre-imported server.
+
+    python -m cairn.trainer.launch [--preload=MODULES] <torchrun args> -m my.module <args>
+    cairn-torchrun [--preload=MODULES] <torchrun args> train.py <script args>
+
+Plain ``torchrun -m mod`` starts each worker as a new interpreter
+(``Popen(sys.executable -u -m mod)``; its ``--start-method`` applies only to
+function entrypoints), so every in-place restart pays the interpreter start,
+``import torch`` and the trainer's imports again. This launcher takes the same
+arguments, parsed by torch's own parser (``torch.distributed.run``), and hands
+torch's elastic agent a FUNCTION entrypoint (`run_worker`) with the
+``forkserver`` start method: the fork server is started once per pod, before
+the first rendezvous, with torch, ``torch.distributed`` and the checkpoint
+library imported (plus the modules ``--preload=a,b`` names, given first,
+e.g. the trainer module itself when importing it has no side effects), and
+every worker, first and restarted, is a fork of it. Everything
+else is torchrun's agent unchanged: rendezvous, ``maxInPlaceRestarts``
+(``--max-restarts``), the per-worker environment (``RANK``,
+``TORCHELASTIC_RESTART_COUNT``, ... set by the agent in the child before the
+entrypoint runs), SIGTERM forwarding, failure summaries and the exit code.
+
+Differences from plain torchrun, all deliberate: ``--no-python`` is refused (a
+binary cannot fork warm); ``--start-method`` is always ``forkserver``; a
+worker's ``sys.exit(0)`` (or ``None``) is a success, any other exit code is
+the worker's exit code, as with a subprocess.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import sys
+import tempfile
+import typing
+from multiprocessing import forkserver, util
+
+PRELOAD_FLAG = "--preload="
+"""The launcher's own option, before torchrun's: extra modules (comma separated) the fork
+server imports before any worker forks. (An env variable would be CAIRN_*, which the
+TrainingJob API reserves for the operator.)"""
+
+DEFAULT_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "torch.distributed.elastic.multiprocessing",
+    "cairn.checkpoint.manager",
+)
+"""What every Cairn trainer imports: torch and the checkpoint library."""
+
+START_METHOD = "forkserver"
+SOCKET_DIR_MAX = 70
+"""The longest temp dir under which multiprocessing's fork-server socket
+(``<dir>/pymp-XXXXXXXX/listener-XXXXXXXX``) fits AF_UNIX's 107 bytes."""
+
+
+class LaunchError(ValueError):
+    """Arguments this launcher cannot honour (the message says which and why)."""
+
+
+def split_preload(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The fork server's preload list (the defaults, then every leading ``--preload=``'s
+    names) and torchrun's arguments (the rest, untouched). Pure."""
+    extra: list[str] = []
+    rest = list(argv)
+    while rest and rest[0].startswith(PRELOAD_FLAG):
+        names = rest.pop(0).removeprefix(PRELOAD_FLAG).split(",")
+        extra += [name.strip() for name in names if name.strip()]
+    for name in extra:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise LaunchError(f"{PRELOAD_FLAG}: {name!r} is not a module name")
+    return list(dict.fromkeys([*DEFAULT_PRELOAD, *extra])), rest
+
+
+def worker_args(args: typing.Any) -> list[str]:
+    """The entrypoint's arguments for torch's parsed ``args``: mode, target, then argv. Pure
+    but for torch's ``macros`` constant (the agent puts each worker's local rank there)."""
+    from torch.distributed.elastic.utils.api import macros
+    from torch.distributed.run import get_use_env
+
+    if args.no_python:
+        raise LaunchError("--no-python: a binary cannot fork warm; use torchrun for it")
+    if args.module and args.run_path:
+        raise LaunchError("--module and --run-path name the target twice; give one")
+    mode = "module" if args.module else "script"
+    out = [mode, args.training_script]
+    if not get_use_env(args):
+        out.append(f"--local-rank={macros.local_rank}")
+    return [*out, *args.training_script_args]
+
+
+def run_worker(mode: str, target: str, *argv: str) -> None:
+    """The worker: runs the user's module or script as ``python -u [-m] target argv`` would.
+
+    Runs in a fork of the server, after the agent's ``_wrap`` has set this
+    worker's environment. A ``SystemExit`` of 0 or None returns (the agent
+    counts a worker that returned); any other leaves the process with its code.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # -u: every line reaches the pod log at once
+            stream.reconfigure(line_buffering=True, write_through=True)
+    sys.argv = [target, *argv]
+    # sys.path[0] as the interpreter sets it: the cwd for -m, the script's folder otherwise.
+    first = os.getcwd() if mode == "module" else os.path.dirname(os.path.abspath(target))
+    if first not in sys.path[:1]:
+        sys.path.insert(0, first)
+    try:
+        if mode == "module":
+            # As `python -m`: the target runs as __main__ only. A preloaded copy
+            # under its own name goes (its imports stay loaded), else runpy warns.
+            sys.modules.pop(target, None)
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as done:
+        if done.code not in (None, 0):
+            raise
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _standalone_defaults(args: typing.Any) -> None:
+    """What ``torch.distributed.run.run`` does to the args before ``config_from_args``."""
+    import uuid
+
+    from torch.distributed.run import parse_min_max_nnodes
+
+    if args.standalone:
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = (
+            "c10d",
+            "localhost:0",
+            str(uuid.uuid4()),
+        )
+    elif (
+        args.rdzv_backend == "static"
+        and not args.rdzv_endpoint
+        and args.master_port is None
+        and parse_min_max_nnodes(args.nnodes)[1] == 1
+    ):
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+
+
+def plan(argv: list[str]) -> tuple[typing.Any, list[str]]:
+    """torchrun's ``LaunchConfig`` for ``argv`` (forkserver) and the entrypoint's arguments.
+
+    Reads what torch's parser reads: ``argv`` and the ``PET_*`` variables the
+    operator sets (rendezvous, ``--max-restarts``); may set ``OMP_NUM_THREADS``
+    as torchrun does.
+    """
+    from torch.distributed import run as torchrun
+
+    args = torchrun.get_args_parser().parse_args(argv)
+    entry_args = worker_args(args)
+    _standalone_defaults(args)
+    config, _cmd, _cmd_args = torchrun.config_from_args(args)
+    config.start_method = START_METHOD
+    return config, entry_args
+
+
+def _short_socket_dir() -> None:
+    """Put multiprocessing's temp dir (the fork server's socket) under /tmp when
+    ``TMPDIR`` is too long for an AF_UNIX path (the devcluster's per-pod TMPDIR
+    is; Python 3.11 fails ``bind`` with "AF_UNIX path too long")."""
+    if len(tempfile.gettempdir()) <= SOCKET_DIR_MAX:
+        return
+    saved = tempfile.tempdir
+    tempfile.tempdir = "/tmp"
+    try:
+        util.get_temp_dir()  # created now, removed at exit by multiprocessing
+    finally:
+        tempfile.tempdir = saved
+
+
+def launch(config: typing.Any, entry_args: list[str], preload: list[str]) -> None:
+    """Start the warm fork server, then run torch's elastic agent until the group ends."""
+    from torch.distributed.launcher import api as launcher
+
+    multiprocessing.set_forkserver_preload(preload)
+    _short_socket_dir()
+    # Started now, its imports overlap the first rendezvous; its environment is
+    # the agent's (config_from_args has set OMP_NUM_THREADS), and the agent sets
+    # each worker's own variables after the fork.
+    forkserver.ensure_running()
+    launcher.elastic_launch(config=config, entrypoint=run_worker)(*entry_args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console script ``cairn-torchrun``: exits non-zero when a worker group failed."""
+    from torch.distributed.elastic.multiprocessing import errors
+
+    try:
+        preload, torchrun_argv = split_preload(sys.argv[1:] if argv is None else argv)
+        config, entry_args = plan(torchrun_argv)
+    except LaunchError as bad:
+        sys.exit(f"cairn-torchrun: {bad}")
+    # As torchrun's main: a failed group's root cause is summarised, exit 1.
+    errors.record(launch)(config, entry_args, preload)
+
+
+if __name__ == "__main__":
+    # Through the module's own name, so the pickled entrypoint is
+    # cairn.trainer.launch.run_worker and not __main__'s copy (each worker
+    # re-runs the agent's __main__ as __mp_main__, guarded here).
+    from cairn.trainer import launch as _launch
+
+    _launch.main()
