@@ -105,7 +105,7 @@ def make_stager(mode: checkpointspec.AsyncMode, *, cuda: bool) -> staging.Defaul
     if mode == "off":
         return None
     pinned = mode == "pinned" and cuda
-    return staging.DefaultStager(
+    stager = staging.DefaultStager(
         staging.StagingOptions(
             use_pinned_memory=pinned,
             use_shared_memory=False,
@@ -113,6 +113,32 @@ def make_stager(mode: checkpointspec.AsyncMode, *, cuda: bool) -> staging.Defaul
             use_non_blocking_copy=pinned,
         )
     )
+    keep_copiers_between_stages(stager)
+    return stager
+
+
+def keep_copiers_between_stages(stager: staging.DefaultStager) -> None:
+    """Close the inner StateDictStager once, with the stager, not after every stage.
+
+    Before torch 2.15, `DefaultStager._stage` closes its StateDictStager after
+    every stage, which empties its table of copiers; the next stage of any
+    state dict then fails on a class object (`KeyError: <class 'type'>`): every
+    second save of a pinned or thread mode failed (seen on an H200, torch
+    2.11). torch 2.15 closes it only with the stager, which is what this
+    restores; the staging buffers are then reused across saves there too.
+    """
+    inner = getattr(stager, "_state_dict_stager", None)
+    if inner is None or not callable(getattr(inner, "close", None)):
+        return
+    close_inner = inner.close
+    inner.close = lambda: None  # what torch < 2.15's _stage calls per stage
+    close_outer = stager.close
+
+    def close() -> None:
+        close_outer()
+        close_inner()
+
+    stager.close = close  # type: ignore[method-assign]
 
 
 def stage(
