@@ -52,7 +52,6 @@ from cairn.devcluster import cluster, processes
 from tests import demo
 from tests.e2e import rayjobs
 
-WARM = ("python", "-m", "cairn.trainer.launch", "--preload=cairn.trainer.reference")
 FAULTS = ("rank-kill", "rank-kill", "pod-delete", "operator-kill", "suspend-resume")
 JOB_TIMEOUT = 1800.0
 RECOVERY_TIMEOUT = 600.0
@@ -84,14 +83,14 @@ class Run:
             target, name=f"gp-{mode}", runtime="torchrun", bucket=bucket, steps=args.steps
         )
         spec = body["spec"]
-        spec["command"] = ["torchrun", "-m", "cairn.trainer.reference"]
+        spec["command"] = list(rayjobs.PLAIN_TORCHRUN)
         spec["restartPolicy"] = {"maxRestarts": 20, "backoffSeconds": 0}
         if mode == "fast":
             spec["torchrun"] = {"maxInPlaceRestarts": 10}
             if args.fast_memory:
                 spec["checkpoint"]["memory"] = {"enabled": True, "sizeLimit": args.fast_memory}
             if args.fast_warm:
-                spec["command"] = [*WARM, "-m", "cairn.trainer.reference"]
+                spec["command"] = list(rayjobs.WARM_TORCHRUN)
         self.body = body
         self.name = body["metadata"]["name"]
         self.pending = [] if mode == "undisturbed" else schedule(args.seed, args.steps, args.faults)
@@ -141,11 +140,9 @@ class Run:
     def poll(self, job: dict[str, Any]) -> None:
         status = job.get("status") or {}
         if self.suspending:
-            if status.get("phase") == "Suspended":
-                self._patch_suspend(False)
-                self.suspending = False
+            self._resume_once_suspended(job)
             return
-        committed = ((status.get("checkpoints") or {}).get("lastCommitted") or {}).get("step", 0)
+        committed = demo.Row.of(job).committed or 0
         if not self.pending or status.get("phase") != "Running" or committed < self.pending[0][0]:
             return
         fault = self.pending[0][1]
@@ -161,7 +158,7 @@ class Run:
         deadline = struck + RECOVERY_TIMEOUT
         while time.monotonic() < deadline:
             job = demo.get_job(self.custom, self.namespace, self.name)
-            self.poll_suspend_only(job)
+            self._resume_once_suspended(job)
             status = job.get("status") or {}
             if status.get("phase") == "Running" and status.get("attempt"):
                 now_head = rayjobs.head_pod(job)
@@ -179,7 +176,7 @@ class Run:
             time.sleep(0.1)
         raise RuntimeError(f"{self.mode}: no training step {RECOVERY_TIMEOUT:.0f}s after {fault}")
 
-    def poll_suspend_only(self, job: dict[str, Any]) -> None:
+    def _resume_once_suspended(self, job: dict[str, Any]) -> None:
         if self.suspending and (job.get("status") or {}).get("phase") == "Suspended":
             self._patch_suspend(False)
             self.suspending = False

@@ -50,24 +50,13 @@ from tests.e2e import rayjobs
 STEPS = 80
 STEP_TIMEOUT = 300.0
 """A kill's deadline to reach the next training step (a hang is a failure)."""
-REFERENCE = "cairn.trainer.reference"
 GOAL_SECONDS = 10.0
 GOAL_RATIO = 0.1
 
 TORCHRUN_KINDS: dict[str, dict[str, Any]] = {
-    "pod": {"command": ["torchrun", "-m", REFERENCE], "in_place": 0},
-    "inplace": {"command": ["torchrun", "-m", REFERENCE], "in_place": 10},
-    "warm": {
-        "command": [
-            "python",
-            "-m",
-            "cairn.trainer.launch",
-            f"--preload={REFERENCE}",
-            "-m",
-            REFERENCE,
-        ],
-        "in_place": 10,
-    },
+    "pod": {"command": rayjobs.PLAIN_TORCHRUN, "in_place": 0},
+    "inplace": {"command": rayjobs.PLAIN_TORCHRUN, "in_place": 10},
+    "warm": {"command": rayjobs.WARM_TORCHRUN, "in_place": 10},
 }
 LABELS = {
     "pod": "torchrun, pod-level restart (maxInPlaceRestarts 0)",
@@ -75,11 +64,6 @@ LABELS = {
     "warm": "torchrun, in place + warm (cairn.trainer.launch)",
     "ray": "Ray, in place",
 }
-
-
-def _committed(job: dict[str, Any]) -> int:
-    ckpts = (job.get("status") or {}).get("checkpoints") or {}
-    return int((ckpts.get("lastCommitted") or {}).get("step", 0))
 
 
 class TorchrunBench:
@@ -107,7 +91,7 @@ class TorchrunBench:
             self.target, name=f"mttr-{self.kind}", runtime="torchrun", bucket=bucket, steps=STEPS
         )
         spec = body["spec"]
-        spec["command"] = shape["command"]
+        spec["command"] = list(shape["command"])
         spec["restartPolicy"] = {"maxRestarts": 10, "backoffSeconds": 0}
         if shape["in_place"]:
             spec["torchrun"] = {"maxInPlaceRestarts": shape["in_place"]}
@@ -117,7 +101,7 @@ class TorchrunBench:
         status = job.get("status") or {}
         if len(self.samples) >= kills or status.get("phase") != "Running":
             return
-        if _committed(job) < self.next_after:
+        if (demo.Row.of(job).committed or 0) < self.next_after:
             return
         name = self.body["metadata"]["name"]
         agent = demo.rank_pid(self.core, namespace=self.namespace, job=name, rank=1)
@@ -139,7 +123,7 @@ class TorchrunBench:
         self.samples.append(stepped - killed_at)
         print(f"{self.kind}: kill {len(self.samples)}: {stepped - killed_at:.2f}s", flush=True)
         latest = demo.get_job(self.custom, self.namespace, name)
-        self.next_after = max(_committed(latest), self.next_after) + 5
+        self.next_after = max(demo.Row.of(latest).committed or 0, self.next_after) + 5
 
     def run(self, kills: int) -> tuple[list[float], list[float]]:
         demo.run_job(

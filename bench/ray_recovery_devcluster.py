@@ -40,11 +40,6 @@ STEPS = 80
 STEP_TIMEOUT = 300.0
 
 
-def _committed(job: dict[str, Any]) -> int:
-    ckpts = (job.get("status") or {}).get("checkpoints") or {}
-    return int((ckpts.get("lastCommitted") or {}).get("step", 0))
-
-
 class Bench:
     def __init__(self, target: cluster.Cluster, api: client.ApiClient, kind: str) -> None:
         self.target = target
@@ -72,7 +67,7 @@ class Bench:
         status = job.get("status") or {}
         if len(self.samples) >= kills or status.get("phase") != "Running":
             return
-        if _committed(job) < self.next_after:
+        if (demo.Row.of(job).committed or 0) < self.next_after:
             return
         head = rayjobs.head_pod(job)
         state = self.target.state.root
@@ -96,7 +91,7 @@ class Bench:
         )
         self.samples.append(stepped - killed_at)
         print(f"{self.kind}: kill {len(self.samples)}: {stepped - killed_at:.2f}s", flush=True)
-        self.next_after = max(_committed(self.job()), self.next_after) + 5
+        self.next_after = max(demo.Row.of(self.job()).committed or 0, self.next_after) + 5
 
     def run(self, kills: int) -> list[float]:
         demo.run_job(

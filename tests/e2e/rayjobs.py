@@ -30,6 +30,10 @@ OUT_VOLUME = "out"
 LOSSES = "losses.jsonl"
 EXPORT = "model.safetensors"
 POLL_SECONDS = 0.05
+REFERENCE = "cairn.trainer.reference"
+PLAIN_TORCHRUN = ["torchrun", "-m", REFERENCE]
+WARM_TORCHRUN = ["python", "-m", "cairn.trainer.launch", f"--preload={REFERENCE}", "-m", REFERENCE]
+"""The reference trainer under the warm launcher (docs/operator.md, "Warm restarts")."""
 _GROUP_RE = re.compile(r"group (\d+) started: \d+ ranks, pids \[([\d, ]+)\]")
 
 

@@ -53,10 +53,7 @@ def _resumed(status: dict[str, Any]) -> tuple[int, int]:
 def _manifest(target: Any, *, bucket: str) -> dict[str, Any]:
     body = rayjobs.manifest(target, name="inplace-tr", runtime="torchrun", bucket=bucket)
     spec = body["spec"]
-    spec["command"] = [
-        *("python", "-m", "cairn.trainer.launch", "--preload=cairn.trainer.reference"),
-        *("-m", "cairn.trainer.reference"),
-    ]
+    spec["command"] = list(rayjobs.WARM_TORCHRUN)
     args = spec["args"]
     args[args.index("--steps") + 1] = str(STEPS)
     spec["torchrun"] = {"maxInPlaceRestarts": IN_PLACE}

@@ -27,7 +27,6 @@ peer becomes this rank's own copy again (renamed into `own/`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import pathlib
 import re
@@ -211,13 +210,8 @@ def _promote(
 ) -> pathlib.Path:
     """A verified replica becomes this rank's own memory copy again."""
     final = memtier.own_folder(tier.memdir, manifest.step)
-    index = {
-        "step": manifest.step,
-        "rank": tier.rank,
-        "files": [e.model_dump(mode="json") for e in memtier.share_entries(manifest, tier.rank)],
-    }
     try:
-        (folder / memtier.INDEX).write_text(json.dumps(index))
+        memtier.write_index(folder, manifest=manifest, rank=tier.rank)
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():
             shutil.rmtree(final)  # the refused own copy

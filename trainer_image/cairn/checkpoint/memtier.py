@@ -68,6 +68,17 @@ def share_entries(manifest: manifest_mod.Manifest, rank: int) -> tuple[manifest_
     return tuple(e for e in manifest.files if e.rank == rank or e.path == load.METADATA)
 
 
+def write_index(folder: pathlib.Path, *, manifest: manifest_mod.Manifest, rank: int) -> None:
+    """The own copy's index: the step, the rank and its share's manifest entries."""
+    entries = share_entries(manifest, rank)
+    index = {
+        "step": manifest.step,
+        "rank": rank,
+        "files": [e.model_dump(mode="json") for e in entries],
+    }
+    (folder / INDEX).write_text(json.dumps(index))
+
+
 def keep_own(
     *, memdir: pathlib.Path, folder: pathlib.Path, manifest: manifest_mod.Manifest, rank: int
 ) -> pathlib.Path:
@@ -84,12 +95,7 @@ def keep_own(
         for entry in entries:
             shutil.copyfile(layout.safe_target(folder, entry.path), tmp / entry.path)
         shutil.copyfile(folder / manifest_mod.MANIFEST_NAME, tmp / manifest_mod.MANIFEST_NAME)
-        index = {
-            "step": manifest.step,
-            "rank": rank,
-            "files": [e.model_dump(mode="json") for e in entries],
-        }
-        (tmp / INDEX).write_text(json.dumps(index))
+        write_index(tmp, manifest=manifest, rank=rank)
         if final.exists():
             shutil.rmtree(final)  # the same step committed again (a restart): replaced
         tmp.rename(final)
