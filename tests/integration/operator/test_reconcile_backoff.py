@@ -17,16 +17,19 @@ draw different waits (no lockstep return); once the server answers again,
 one reconcile succeeds and clears the job's failure count; the operator's
 client (``runtime.client_retries``) does not sleep on a 429 inside the call
 (urllib3 would, 3 x Retry-After for a GET, with the shared API thread parked).
-Adds ~3 s to the suite.
+The holder is started only once a read as that user is allowed and classified
+by the test's FlowSchema (APF's and RBAC's caches lag their objects), and is
+replaced if another request took the seat first. Adds ~3 s to the suite.
 """
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -49,8 +52,16 @@ DEADLINE = 20.0
 ASKED = re.compile(r"429 Too Many Requests, Retry-After (\d+) s")
 
 
+@dataclasses.dataclass(frozen=True)
+class Throttled:
+    """The throttled user and the UID of the FlowSchema that sends it to its level."""
+
+    name: str
+    flow_schema_uid: str
+
+
 @contextlib.contextmanager
-def _throttled_user(kube: Kube) -> Iterator[str]:
+def _throttled_user(kube: Kube) -> Iterator[Throttled]:
     """A user whose every request goes to a Reject-only, zero-concurrency level;
     it may edit the test namespace (so the request holding the seat is admitted)."""
     name = f"cairn-test-{kube.namespace}"
@@ -73,7 +84,7 @@ def _throttled_user(kube: Kube) -> Iterator[str]:
     )
     rule = {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "namespaces": ["*"]}
     try:
-        flow.create_flow_schema(
+        schema = flow.create_flow_schema(
             {
                 "apiVersion": FLOWCONTROL,
                 "kind": "FlowSchema",
@@ -104,37 +115,82 @@ def _throttled_user(kube: Kube) -> Iterator[str]:
                 ],
             },
         )
-        yield name
+        yield Throttled(name=name, flow_schema_uid=schema.metadata.uid)
     finally:
         with contextlib.suppress(client.ApiException):
             flow.delete_flow_schema(name)
         flow.delete_priority_level_configuration(name)
 
 
+def _as_user(kube: Kube, user: str) -> tuple[int, str | None]:
+    """One cheap read of the test namespace's ConfigMaps as ``user``: its status
+    and the FlowSchema APF classified it by (a header of every response)."""
+    url = f"{kube.api_client.configuration.host}/api/v1/namespaces/{kube.namespace}/configmaps"
+    response = kube.api_client.rest_client.pool_manager.request(
+        "GET", f"{url}?limit=1", headers={"Impersonate-User": user}, retries=False
+    )
+    return int(response.status), response.headers.get("X-Kubernetes-PF-FlowSchema-UID")
+
+
+def _until(what: str, done: Callable[[], bool]) -> None:
+    """Poll ``done`` every 50 ms until it holds; fail with ``what`` after DEADLINE."""
+    deadline = time.monotonic() + DEADLINE
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {DEADLINE} s")
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
-def _seat_held(kube: Kube, user: str) -> Iterator[None]:
-    """One request of ``user`` in flight (its body withheld) until the block ends."""
-    release = threading.Event()
-    answered: list[int] = []
+def _seat_held(kube: Kube, throttled: Throttled) -> Iterator[None]:
+    """One request of ``user`` in flight (its body withheld) until the block ends.
 
-    def body() -> Iterator[bytes]:
-        yield b'{"apiVersion":"v1","kind":"ConfigMap",'
-        release.wait(DEADLINE)  # bounded: the server gets its body in the end
-        yield b'"metadata":{"generateName":"held-"}}'
+    Yields only once the seat is seen held (a read as ``user`` answered 429):
+    under load the holder's thread may send after another request of the user
+    took the level's one seat, and then the holder itself is refused and
+    nothing is throttled (every later request admitted one at a time). Such
+    a holder is replaced until one holds the seat (bounded)."""
+    user = throttled.name
+    # The RoleBinding and the FlowSchema reach the authorizer's and APF's caches
+    # asynchronously (seconds under load): a holder refused 403 holds nothing,
+    # and one classified before the FlowSchema counts holds a seat of the
+    # catch-all level, not of the throttled one.
+    ready = (200, throttled.flow_schema_uid)
+    _until(f"RBAC and APF for {user}", lambda: _as_user(kube, user) == ready)
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        release = threading.Event()
+        answered: list[int] = []
 
-    def hold() -> None:
-        url = f"{kube.api_client.configuration.host}/api/v1/namespaces/{kube.namespace}/configmaps"
-        response = kube.api_client.rest_client.pool_manager.request(
-            "POST",
-            f"{url}?dryRun=All",
-            body=body(),
-            chunked=True,
-            headers={"Impersonate-User": user, "Content-Type": "application/json"},
-        )
-        answered.append(response.status)
+        def body(release: threading.Event = release) -> Iterator[bytes]:
+            yield b'{"apiVersion":"v1","kind":"ConfigMap",'
+            release.wait(DEADLINE)  # bounded: the server gets its body in the end
+            yield b'"metadata":{"generateName":"held-"}}'
 
-    holder = threading.Thread(target=hold, name="apf-seat-holder")
-    holder.start()
+        def hold(
+            body: Callable[[], Iterator[bytes]] = body, answered: list[int] = answered
+        ) -> None:
+            url = f"{kube.api_client.configuration.host}/api/v1/namespaces/{kube.namespace}/configmaps"
+            response = kube.api_client.rest_client.pool_manager.request(
+                "POST",
+                f"{url}?dryRun=All",
+                body=body(),
+                chunked=True,
+                headers={"Impersonate-User": user, "Content-Type": "application/json"},
+                retries=False,
+            )
+            answered.append(response.status)
+
+        holder = threading.Thread(target=hold, name="apf-seat-holder")
+        holder.start()
+        while not answered and _as_user(kube, user)[0] != 429:
+            assert time.monotonic() < deadline, "the holder's request never took the seat"
+            time.sleep(0.05)
+        if not answered:
+            break  # the seat is held: a read of the same user was refused
+        release.set()
+        holder.join(DEADLINE)
+        assert time.monotonic() < deadline, f"no holder kept the seat: last answered {answered}"
     try:
         yield
     finally:
@@ -195,7 +251,7 @@ def test_throttled_reconcile_waits_the_servers_retry_after(
     async def main() -> None:
         with (
             _throttled_user(kube) as user,
-            _api(kube, user=user) as throttled,
+            _api(kube, user=user.name) as throttled,
             _api(kube, user=None) as plain,
         ):
             state = runtime.Runtime(api=throttled, settings=SETTINGS)
