@@ -292,6 +292,16 @@ class UploadSpec(schema.SpecModel):
             "stops with the error."
         ),
     )
+    interval_steps: int | None = pydantic.Field(
+        default=None,
+        ge=1,
+        description=(
+            "Upload only the saves of steps divisible by this (a multiple of "
+            "checkpoint.intervalSteps), and the final (SIGTERM) and last ones; the others "
+            "stay on the volume and in memory and rotate without an upload. Saving every "
+            "step to memory while S3 gets every Mth is the point. Unset: every save."
+        ),
+    )
     stall_seconds: int = pydantic.Field(
         default=30,
         ge=5,
@@ -318,6 +328,10 @@ class UploadSpec(schema.SpecModel):
         return value
 
 
+UPLOAD_INTERVAL_MULTIPLE = (
+    "upload.intervalSteps must be a multiple of intervalSteps (it picks which saves are "
+    "uploaded; with intervalSeconds no step number is known in advance)"
+)
 RESUME_EXACTLY_ONE = "set exactly one of latest, none, step or uri"
 RESUME_SHA256_TARGET = "sha256 pins an explicit target: set it with step or uri"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -408,6 +422,12 @@ class CheckpointSpec(schema.SpecModel):
                 "resume.uri needs upload (its endpoint and credentials are used)",
                 ".resume.uri",
             ),
+            (
+                "!has(self.upload) || !has(self.upload.intervalSteps) || "
+                "(has(self.intervalSteps) && self.upload.intervalSteps % self.intervalSteps == 0)",
+                UPLOAD_INTERVAL_MULTIPLE,
+                ".upload.intervalSteps",
+            ),
         )
     )
 
@@ -483,4 +503,7 @@ class CheckpointSpec(schema.SpecModel):
             raise ValueError("retention.remote needs upload")
         if self.resume.uri is not None and self.upload is None:
             raise ValueError("resume.uri needs upload (its endpoint and credentials are used)")
+        every = None if self.upload is None else self.upload.interval_steps
+        if every is not None and (self.interval_steps is None or every % self.interval_steps):
+            raise ValueError(UPLOAD_INTERVAL_MULTIPLE)
         return self

@@ -187,6 +187,11 @@ class Manifest(pydantic.BaseModel):
     data_prefix: str | None = None
     """S3 sub-prefix of the data objects under `step-<N>/` (attempt-scoped);
     None: keys directly under `step-<N>/` (older Cairn)."""
+    tiers: tuple[str, ...] | None = pydantic.Field(default=None, max_length=8)
+    """The in-pod tiers the writer keeps the step in ("memory", "peer",
+    "volume"; `cairn.checkpoint.tiers`); None: not recorded (an older Cairn,
+    or an import; None keeps older signatures valid, `canonical_bytes`).
+    Informational: restore checks each tier's bytes itself."""
     signature: Signature | None = None
     """`sign`'s HMAC over every other field; None: unsigned (no key configured)."""
 

@@ -138,6 +138,7 @@ def main() -> None:
         if cfg.get("memory_dir")
         else None,
         memory_replicas=cfg.get("memory_replicas", 1),
+        upload_interval_steps=cfg.get("upload_interval"),
     )
     result: dict[str, typing.Any] = {"rank": rank, "losses": {}, "saved": []}
     dump_steps = set(cfg.get("dump_steps", []))

@@ -14,6 +14,11 @@ after a kill; no step is saved after a restore, so both see step 4):
   memory copy though its volume holds the step too (`memory`);
   bit-identical, and the replica becomes rank 1's own memory copy again.
 
+Saves every step to memory and the volume, S3 every 4th (`upload_interval`,
+spec `checkpoint.upload.intervalSteps`): only steps 4 and 8 are uploaded
+while training, the others are committed local-only and rotate without an
+upload; the clean end uploads the last step (10) too.
+
 Memory off (`memory_dir` None) is every other checkpoint test; the unit
 tests (tests/unit/checkpoint/test_memtier.py) cover the pure parts.
 """
@@ -103,3 +108,42 @@ def test_restore_order_memory_then_peer_then_volume(tmp_path: pathlib.Path) -> N
     _assert_same_state(saved, lost)
     assert memtier.own_steps(mem[1]) == [4]  # the replica became its own memory copy again
     assert not layout.step_dir(tmp_path / "pod-1", 4).exists()  # memory is not the volume
+
+
+@pytest.mark.s3
+def test_every_step_in_memory_s3_every_fourth(
+    tmp_path: pathlib.Path, s3_server: typing.Any
+) -> None:
+    bucket = s3_server.new_bucket("every-step")
+    job = ckpt_harness.launch(
+        {
+            "dir": str(tmp_path / "pod-{rank}"),
+            "memory_dir": str(tmp_path / "mem-{rank}"),
+            "interval": 1,
+            "upload_interval": 4,
+            "keep_last": 2,
+            "steps": 10,
+            "job_uid": UID,
+            "keyring": manifest_mod.dump_keyring(RING).decode(),
+            "s3": ckpt_harness.s3_cfg(s3_server, bucket),
+        },
+        world=2,
+        tmp=tmp_path,
+        name="every-step",
+    )
+    job.wait()
+    keys = ckpt_harness.bucket_keys(s3_server, bucket)
+    remote = sorted(int(k.split("/")[2].split("-")[1]) for k in keys if k.endswith("manifest.json"))
+    assert remote == [4, 8, 10]  # every 4th, and the last one at the clean end
+    for rank in range(2):
+        events = job.result(rank)["events"]
+        assert sorted(e["step"] for e in events if e["phase"] == "committed") == list(range(1, 11))
+        assert not [e for e in events if e["phase"] == "upload_failed"]
+        pod = tmp_path / f"pod-{rank}"
+        # keep_last 2: the local-only steps rotated without an upload (none kept over budget)
+        assert sorted(layout.step_dirs(pod)) == [9, 10]
+        assert layout.is_local_only(layout.step_dir(pod, 9))
+        last = layout.step_dir(pod, 10)
+        assert layout.is_uploaded(last) and not layout.is_local_only(last)
+        assert layout.read_manifest(last).tiers == ("memory", "peer", "volume")
+        assert memtier.own_steps(tmp_path / f"mem-{rank}") == [10]

@@ -301,6 +301,27 @@ CASES: tuple[Case, ...] = (
         server="cel",
     ),
     Case(
+        id="upload-interval-not-a-multiple",
+        patch=_ckpt(upload={"uri": "s3://cairn-demo/malformed", "intervalSteps": 7}),
+        field="spec.checkpoint.upload.intervalSteps",
+        server="cel",
+    ),
+    Case(
+        id="upload-interval-with-interval-seconds",
+        patch=_ckpt(
+            intervalSteps=DELETE,
+            intervalSeconds=60,
+            upload={"uri": "s3://cairn-demo/malformed", "intervalSteps": 10},
+        ),
+        field="spec.checkpoint.upload.intervalSteps",
+        server="cel",
+    ),
+    Case(
+        id="upload-interval-zero",
+        patch=_ckpt(upload={"uri": "s3://cairn-demo/malformed", "intervalSteps": 0}),
+        field="spec.checkpoint.upload.intervalSteps",
+    ),
+    Case(
         id="memory-replicas-two",
         patch=_ckpt(memory={"enabled": True, "sizeLimit": "1Gi", "replicas": 2}),
         field="spec.checkpoint.memory.replicas",

@@ -35,6 +35,8 @@ from cairn.api import manifest as manifest_mod
 from cairn.checkpoint import errors
 
 UPLOADED_MARKER = ".uploaded"
+LOCAL_ONLY_MARKER = ".local-only"
+"""In a committed step not owed an upload (`cairn.checkpoint.tiers`)."""
 WRITER_MARKER = ".cairn-writer"
 """Written into a temporary step folder before any data: who writes there."""
 _CHUNK = 8 * 1024 * 1024
@@ -378,3 +380,22 @@ def is_uploaded(folder: pathlib.Path) -> bool:
 def mark_uploaded(folder: pathlib.Path) -> None:
     (folder / UPLOADED_MARKER).write_text("")
     fsync_dir(folder)
+
+
+def is_local_only(folder: pathlib.Path) -> bool:
+    return (folder / LOCAL_ONLY_MARKER).is_file()
+
+
+def mark_local_only(folder: pathlib.Path) -> None:
+    """Into a temporary step folder before its commit: the rename commits it with the step."""
+    (folder / LOCAL_ONLY_MARKER).write_text("")
+
+
+def clear_local_only(folder: pathlib.Path) -> bool:
+    """Make a committed local-only step owed an upload; whether it was local-only."""
+    try:
+        (folder / LOCAL_ONLY_MARKER).unlink()
+    except FileNotFoundError:
+        return False
+    fsync_dir(folder)
+    return True

@@ -202,7 +202,7 @@ class CheckpointManager:
             step=step, final=step == self._schedule.final_step, staged=staged
         )
         self._inflight = save  # before the writer starts: its events must find it
-        ctx = self._context(step, started=t0)
+        ctx = self._context(step, started=t0, final=save.final)
         self._executor.submit(save.run, functools.partial(pipeline.run_step, ctx, staged))
         self._schedule.started(step)
         if self._opts.async_mode == "off":
@@ -364,6 +364,8 @@ class CheckpointManager:
         try:
             self._finish_writer()
             if self._uploads is not None:
+                if self._schedule.final == "none" and not self._failing:
+                    self._uploads.promote_last()  # a finished job's last step is in S3
                 # A last round retries the whole backlog, backoff or not.
                 self._uploads.drain(force=True)
                 self._uploads.rotate_after()
@@ -431,9 +433,10 @@ class CheckpointManager:
                 self._inflight = None  # its failure is raised now, once
             raise
 
-    def _context(self, step: int, *, started: float) -> pipeline.StepContext:
+    def _context(self, step: int, *, started: float, final: bool) -> pipeline.StepContext:
         return pipeline.StepContext(
             step=step,
+            final=final,
             opts=self._opts,
             coordinator=self._coord,
             process_group=self._pg,

@@ -145,6 +145,11 @@ class CheckpointOptions:
     memory_replicas: int = 1
     """With `memory_dir`: 1 also pushes each rank's copy to rank (r+1) mod N's
     replica server (`cairn.checkpoint.peer`); 0: own memory only."""
+    upload_interval_steps: int | None = None
+    """With `s3`: upload only the saves of steps divisible by this (and the
+    final and last saves, `cairn.checkpoint.tiers`); the others stay on the
+    volume and in memory, marked local-only, and rotate without an upload.
+    None: every committed step is uploaded."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "directory", pathlib.Path(self.directory))
@@ -164,6 +169,8 @@ class CheckpointOptions:
             raise ValueError("CheckpointOptions.attempt must be >= 0")
         if self.group < 0:
             raise ValueError("CheckpointOptions.group must be >= 0")
+        if self.upload_interval_steps is not None and self.upload_interval_steps < 1:
+            raise ValueError("CheckpointOptions.upload_interval_steps must be >= 1 or None")
         if self.write_threads < 1:
             raise ValueError("CheckpointOptions.write_threads must be >= 1")
         if self.timeout_seconds <= 0:

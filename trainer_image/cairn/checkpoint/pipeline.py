@@ -57,6 +57,7 @@ from cairn.checkpoint import (
     options,
     remote,
     rotation,
+    tiers,
     uploader,
     writer,
 )
@@ -105,6 +106,8 @@ class StepContext:
     """The manager's upload worker (None without S3): told of each commit."""
     memory: memtier.MemoryTier | None = None
     """The in-memory tier (None when off): told of each commit, keeps it apart."""
+    final: bool = False
+    """The final (SIGTERM) save: always owed an upload (`tiers.owed`)."""
 
 
 def _emit(ctx: StepContext, phase: events.Phase, **kw: typing.Any) -> None:
@@ -154,6 +157,10 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
             tmp.mkdir(parents=True, exist_ok=True)
             # Before any data: proof that this job's attempt wrote here.
             layout.write_writer_marker(tmp, job_uid=ctx.opts.job_uid, attempt=ctx.opts.attempt)
+            if ctx.opts.s3 is not None and not tiers.owed(step, opts=ctx.opts, final=ctx.final):
+                # Committed with the step by the rename: uploads skip it,
+                # retention rotates it (`cairn.checkpoint.tiers`).
+                layout.mark_local_only(tmp)
             # One pass: each file's CRC32C is counted while DCP writes it,
             # and the file is fsynced once when closed (cairn.checkpoint.writer).
             dcp_writer = writer.ChecksummingWriter(tmp, thread_count=ctx.opts.write_threads)
@@ -332,6 +339,7 @@ def _build_manifest(
         lineage=ctx.lineage,
         parent=ctx.parent,
         data_prefix=data_prefix(ctx.opts),
+        tiers=tiers.in_pod(ctx.opts),
     )
     keyring = ctx.opts.manifest_keyring  # signed: only authentic steps are ever "latest"
     return manifest if keyring is None else manifest_mod.sign(manifest, keyring)

@@ -92,7 +92,9 @@ def observe(
                 folder=folder,
                 kind=kind,
                 bytes=present_bytes(folder) if kind in ("committed", "partial_own") else 0,
-                uploaded=kind == "committed" and layout.is_uploaded(folder),
+                # A local-only step owes no upload: it rotates like an uploaded one.
+                uploaded=kind == "committed"
+                and (layout.is_uploaded(folder) or layout.is_local_only(folder)),
             )
         )
     return found

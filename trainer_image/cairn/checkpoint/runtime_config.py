@@ -147,6 +147,7 @@ def from_env(
         final_grace_seconds=grace,
         memory_dir=pathlib.Path(env[podenv.MEMORY_DIR]) if env.get(podenv.MEMORY_DIR) else None,
         memory_replicas=_int(env, podenv.MEMORY_REPLICAS, 1) or 0,
+        upload_interval_steps=_int(env, podenv.UPLOAD_INTERVAL_STEPS) if s3 else None,
     )
     return RuntimeConfig(
         job_name=env.get(podenv.JOB_NAME) or None,

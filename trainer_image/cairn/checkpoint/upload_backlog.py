@@ -74,7 +74,8 @@ def plan_round(*, pending: list[int], due_now: bool) -> list[int]:
 def pending_steps(
     root: pathlib.Path, *, job_uid: str | None, keyring: manifest_mod.Keyring | None = None
 ) -> list[int]:
-    """This job's committed steps on this volume without the uploaded marker.
+    """This job's committed steps on this volume without the uploaded marker,
+    and not local-only (`cairn.checkpoint.tiers`: never owed an upload).
 
     The marker is looked at before the manifest: rotation (the writer thread)
     deletes only uploaded steps, manifest first and then the marker with the
@@ -85,6 +86,7 @@ def pending_steps(
         step
         for step, folder in layout.step_dirs(root).items()
         if not layout.is_uploaded(folder)
+        and not layout.is_local_only(folder)
         and layout.classify(folder, job_uid=job_uid, keyring=keyring) == "committed"
     )
 

@@ -150,6 +150,8 @@ def _upload_env(upload: checkpointspec.UploadSpec) -> list[k8stypes.EnvVar]:
         _value(podenv.UPLOAD_ON_FAILURE, upload.on_failure),
         _value(podenv.UPLOAD_STALL_SECONDS, upload.stall_seconds),
     ]
+    if upload.interval_steps is not None:
+        env.append(_value(podenv.UPLOAD_INTERVAL_STEPS, upload.interval_steps))
     if upload.endpoint is not None:
         env.append(_value(podenv.AWS_ENDPOINT_URL_S3, upload.endpoint))
     if upload.region is not None:

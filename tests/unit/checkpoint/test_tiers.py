@@ -1,0 +1,96 @@
+"""Which tiers keep a committed step (`cairn.checkpoint.tiers`), its markers on
+a volume (`layout`), and the spec field that thins uploads
+(`checkpoint.upload.intervalSteps`). Pure, plus a tmp folder for the markers."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pydantic
+import pytest
+
+from cairn.api import checkpointspec
+from cairn.checkpoint import layout, options, tiers
+
+
+def _opts(tmp_path: pathlib.Path, **kw: object) -> options.CheckpointOptions:
+    return options.CheckpointOptions(directory=tmp_path, **kw)  # type: ignore[arg-type]
+
+
+S3 = options.S3Options(uri="s3://bucket/prefix")
+
+
+@pytest.mark.parametrize(
+    ("step", "every", "final", "owed"),
+    [
+        (3, None, False, True),  # no interval: every step
+        (10, 10, False, True),
+        (20, 10, False, True),
+        (0, 10, False, True),  # step 0 is divisible
+        (11, 10, False, False),
+        (19, 10, False, False),
+        (13, 10, True, True),  # a final save may be the last chance to leave the pods
+        (5, 1, False, True),
+    ],
+)
+def test_upload_owed(step: int, every: int | None, final: bool, owed: bool) -> None:
+    assert tiers.upload_owed(step, every=every, final=final) is owed
+
+
+def test_nothing_is_owed_without_s3(tmp_path: pathlib.Path) -> None:
+    assert not tiers.owed(10, opts=_opts(tmp_path), final=True)
+    with_s3 = _opts(tmp_path, s3=S3, upload_interval_steps=10)
+    assert tiers.owed(10, opts=with_s3, final=False)
+    assert not tiers.owed(11, opts=with_s3, final=False)
+
+
+def test_in_pod_tiers(tmp_path: pathlib.Path) -> None:
+    assert tiers.in_pod(_opts(tmp_path)) == ("volume",)
+    mem = tmp_path / "mem"
+    assert tiers.in_pod(_opts(tmp_path, memory_dir=mem)) == ("memory", "peer", "volume")
+    assert tiers.in_pod(_opts(tmp_path, memory_dir=mem, memory_replicas=0)) == (
+        "memory",
+        "volume",
+    )
+
+
+@pytest.mark.parametrize(
+    ("committed", "promoted"),
+    [
+        ([], None),
+        ([(4, False), (5, True)], 5),
+        ([(5, True), (4, False)], 5),  # input order does not matter
+        ([(4, True), (8, False)], None),  # the newest is owed already
+        ([(3, True)], 3),
+    ],
+)
+def test_newest_to_promote(committed: list[tuple[int, bool]], promoted: int | None) -> None:
+    assert tiers.newest_to_promote(committed) == promoted
+
+
+def test_local_only_marker_round_trip(tmp_path: pathlib.Path) -> None:
+    assert not layout.is_local_only(tmp_path)
+    assert not layout.clear_local_only(tmp_path)  # nothing to clear
+    layout.mark_local_only(tmp_path)
+    assert layout.is_local_only(tmp_path)
+    assert layout.clear_local_only(tmp_path)
+    assert not layout.is_local_only(tmp_path)
+
+
+def test_options_refuse_a_zero_upload_interval(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ValueError, match="upload_interval_steps"):
+        _opts(tmp_path, s3=S3, upload_interval_steps=0)
+
+
+def _spec(**ckpt: object) -> checkpointspec.CheckpointSpec:
+    return checkpointspec.CheckpointSpec.model_validate(ckpt)
+
+
+def test_spec_upload_interval_a_multiple_of_the_save_interval() -> None:
+    spec = _spec(intervalSteps=1, upload={"uri": "s3://bucket-a/prefix", "intervalSteps": 10})
+    assert spec.upload is not None and spec.upload.interval_steps == 10
+    assert _spec(intervalSteps=5, upload={"uri": "s3://bucket-a/prefix", "intervalSteps": 15})
+    with pytest.raises(pydantic.ValidationError, match="multiple of intervalSteps"):
+        _spec(intervalSteps=4, upload={"uri": "s3://bucket-a/prefix", "intervalSteps": 10})
+    with pytest.raises(pydantic.ValidationError, match="multiple of intervalSteps"):
+        _spec(intervalSeconds=60, upload={"uri": "s3://bucket-a/prefix", "intervalSteps": 10})
