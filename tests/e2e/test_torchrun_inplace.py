@@ -9,9 +9,11 @@ commit:
 
 - kills 1 and 2: every pod's agent restarts its workers in place: the same
   pods (names, UIDs), attempt 1, no pod restart; rank 0 of the new worker group
-  records ``status.torchrun.group`` and ``inPlaceRestarts`` (each kill adds 1,
-  or 2 when rank 0's worker failed on the broken connection before its agent
-  saw the new round); ``InPlaceRestart`` Events name every restart number
+  records ``status.torchrun.group`` (the fencing sum: each kill adds 1, or 2
+  when rank 0's worker failed on the broken connection before its agent saw
+  the new round) and ``inPlaceRestarts`` (one per worker group started, so
+  each kill adds 1 unless torchrun started two groups for it);
+  ``InPlaceRestart`` Events name every restart number
   once; the new group resumes from a committed step;
   the restarted worker is a fork of the SAME fork server as the killed one
   (warm: no new interpreter, no re-import);

@@ -475,3 +475,17 @@ def test_a_rank_at_its_report_plus_one_waits_for_the_others_bounded() -> None:
     alone.agree(4)  # reports; no wait yet
     with pytest.raises(CoordinationTimeoutError):
         alone.agree(5)  # the other rank never reports
+
+
+def test_an_uploaded_copy_deleted_from_outside_is_not_a_worker_failure(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Node-local rank != 0 marks its copy after rank 0's verdict; a folder that
+    someone deleted meanwhile is logged, not raised (the upload worker would die)."""
+    present = tmp_path / "step-000000004"
+    present.mkdir()
+    assert upload_backlog.mark_copy_uploaded(present, rank=1, step=4)
+    assert layout.is_uploaded(present)
+    gone = tmp_path / "step-000000008"
+    assert not upload_backlog.mark_copy_uploaded(gone, rank=1, step=8)
+    assert not gone.exists()  # nothing recreated

@@ -3,7 +3,8 @@
 Covers: the group from TORCHELASTIC_RESTART_COUNT (garbled or absent: 0;
 CAIRN_RAY_GROUP wins under the Ray driver); the ApiFence
 refuses a stale torchrun group at our attempt only, and reads status.ray for
-Ray jobs only; the status.torchrun patch bumps group and inPlaceRestarts,
+Ray jobs only; the status.torchrun patch bumps group and inPlaceRestarts (by one per
+recorded group, however far the sum moved),
 never for an older or equal group or another attempt; every rank agrees on
 the group (the sum of every node's restart count), gathered only when
 torchrun may restart.
@@ -60,17 +61,18 @@ def test_each_runtime_reads_its_own_group() -> None:
 
 
 def test_restart_body_bumps_group_and_count() -> None:
+    # One kill can move the sum by 2 (both agents' workers failed): still one restart.
     body = torchrun_group.restart_body(
         _job(torchrun={"group": 1, "inPlaceRestarts": 4}),
         attempt=1,
-        group=2,
+        group=3,
         from_step=20,
         now=NOW,
     )
     assert body == {
         "status": {
             "torchrun": {
-                "group": 2,
+                "group": 3,
                 "inPlaceRestarts": 5,
                 "lastInPlaceRestart": {
                     "time": "2026-11-27T12:00:00Z",

@@ -12,7 +12,10 @@ fence file and ``ApiFence`` refuse a stale group.
 Rank 0 of a restarted group records it in ``status.torchrun`` (same
 vocabulary as ``status.ray``: ``group``, ``inPlaceRestarts``,
 ``lastInPlaceRestart``) before its first commit; the operator posts the
-``InPlaceRestart`` Event. Without API access the local fence alone protects.
+``InPlaceRestart`` Event. ``inPlaceRestarts`` counts recorded worker groups
+(one per restart; a group whose record the API refused is not counted),
+``group`` is the fencing sum, which can grow by more than one per restart.
+Without API access the local fence alone protects.
 """
 
 from __future__ import annotations
@@ -68,7 +71,11 @@ def restart_body(
         "status": {
             "torchrun": {
                 "group": group,
-                "inPlaceRestarts": _int_field(torchrun, "inPlaceRestarts") + group - recorded,
+                # One worker group started: one restart, however far the sum
+                # of the agents' counts moved (a kill fails the worker of the
+                # killed rank and, on the broken connection, often its peers':
+                # each agent counts its own, so one kill can add 2 to the sum).
+                "inPlaceRestarts": _int_field(torchrun, "inPlaceRestarts") + 1,
                 "lastInPlaceRestart": {
                     "time": now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                     "reason": REASON,

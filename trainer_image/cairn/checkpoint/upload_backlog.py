@@ -91,6 +91,24 @@ def pending_steps(
     )
 
 
+def mark_copy_uploaded(folder: pathlib.Path, *, rank: int, step: int) -> bool:
+    """Mark this rank's copy of an uploaded step; False (logged) when the folder
+    is gone: deleted from outside the writer, it has nothing left to rotate,
+    and the upload worker goes on with the next step instead of failing."""
+    try:
+        layout.mark_uploaded(folder)
+    except FileNotFoundError:
+        log.warning(
+            "rank %d: step %d was uploaded but its folder %s is gone (deleted outside the "
+            "writer); nothing to mark",
+            rank,
+            step,
+            folder,
+        )
+        return False
+    return True
+
+
 class UploadOne(typing.Protocol):
     """Upload this rank's files of one committed step; rank 0 also puts the
     manifest and marks the step uploaded. Raises on failure; returns bytes
@@ -181,7 +199,7 @@ class Backlog:
             if not self.shared and coord.rank != 0:
                 # Node-local: this rank's copy of the step is uploaded too,
                 # so its own rotation may delete it later.
-                layout.mark_uploaded(folder)
+                mark_copy_uploaded(folder, rank=coord.rank, step=step)
             done.append(step)
             self._emit("uploaded", step, seconds=time.monotonic() - t0, bytes=sent)
         if done and coord.rank == 0:

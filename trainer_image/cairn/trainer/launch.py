@@ -46,6 +46,10 @@ DEFAULT_PRELOAD = (
     "torch.distributed.checkpoint",
     "torch.distributed.elastic.multiprocessing",
     "cairn.checkpoint.manager",
+    # Rank 0's status feed under the operator (imported lazily there, about
+    # 0.2 s a worker); skipped by the fork server where not installed.
+    "kubernetes.client",
+    "kubernetes.config",
 )
 """What every Cairn trainer imports: torch and the checkpoint library."""
 
