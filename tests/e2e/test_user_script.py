@@ -12,12 +12,17 @@ agent), two gloo ranks and the real S3 server:
 - rank 1 SIGKILLed once a step is committed: the job restarts once and
   attempt 2 resumes from the newest step that survived (committed and
   uploaded: the emptyDir volumes go with the pods), never an older one than
-  attempt 1 reported uploaded, and finishes at the last step.
+  attempt 1 reported uploaded, and finishes at the last step;
+- the user's script gets the memory tier (`checkpoint.memory`) and S3 every
+  second save (`upload.intervalSteps: 10`, saves every 5) from the spec
+  alone: S3 holds only steps divisible by 10, and the manifests record the
+  in-pod tiers (memory, peer, volume).
 
 One job, about a minute on 2 cores.
 """
 
 import ast
+import json
 from typing import Any
 
 import pytest
@@ -30,6 +35,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(600)]
 SCRIPT = demo.REPO / "examples" / "user_trainer.py"
 STEPS = 30
 INTERVAL = 5
+UPLOAD_INTERVAL = 10
 KILL_AFTER_COMMIT = 10
 
 
@@ -56,6 +62,8 @@ def test_user_script_reports_status_and_resumes_after_a_killed_rank(
     spec["checkpoint"]["intervalSteps"] = INTERVAL
     spec["checkpoint"]["statusIntervalSeconds"] = 1  # STEP moves while it runs
     spec["checkpoint"]["upload"]["uri"] = f"s3://{bucket}/user-script"
+    spec["checkpoint"]["upload"]["intervalSteps"] = UPLOAD_INTERVAL
+    spec["checkpoint"]["memory"] = {"enabled": True, "sizeLimit": "256Mi"}
     run = killedjob.run_with_a_killed_rank(
         api_client=devcluster.api_client,
         namespace=namespace,
@@ -75,3 +83,16 @@ def test_user_script_reports_status_and_resumes_after_a_killed_rank(
         run.status, interval=INTERVAL, kill_after_commit=KILL_AFTER_COMMIT, steps=STEPS
     )
     assert uploaded <= resumed <= committed + INTERVAL, (uploaded, committed, resumed)
+    # Only every second save went to S3 (the last one, 30, is one of them).
+    s3 = devcluster.target.s3_client()
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="user-script/")
+    manifests = [
+        o["Key"]
+        for page in pages
+        for o in page.get("Contents", [])
+        if o["Key"].endswith("/manifest.json")
+    ]
+    steps = sorted(int(k.split("/")[1].removeprefix("step-")) for k in manifests)
+    assert steps and steps[-1] == STEPS and all(s % UPLOAD_INTERVAL == 0 for s in steps), steps
+    last = json.loads(s3.get_object(Bucket=bucket, Key=manifests[-1])["Body"].read())
+    assert last["tiers"] == ["memory", "peer", "volume"], last.get("tiers")

@@ -10,13 +10,17 @@ nothing launched); the preload list (defaults, then leading ``--preload=``
 names, torchrun's arguments left untouched, a bad name refused); the worker
 runs a module or script with ``sys.argv`` as ``python -m`` would (a module
 the fork server preloaded too), returns on ``sys.exit(0)`` and leaves with
-any other code; the console script is declared in pyproject. The launch itself (fork
+any other code; the console script is declared in pyproject; a group's
+restart gives its surviving workers seconds, not torch's 30, to exit (the
+agent's own shutdown keeps 30; a torch without the methods keeps its stop).
+The launch itself (fork
 server, restarts on the devcluster) is covered by
 tests/e2e/test_torchrun_inplace.py.
 """
 
 import importlib
 import pathlib
+import signal
 import sys
 import tomllib
 
@@ -164,3 +168,40 @@ def test_worker_leaves_with_any_other_exit(
 def test_console_script_is_declared() -> None:
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["cairn-torchrun"] == "cairn.trainer.launch:main"
+
+
+class _Agent:
+    """The two methods of torch's LocalElasticAgent the launcher wraps, recording."""
+
+    def __init__(self) -> None:
+        self.stops: list[tuple[int, int]] = []
+
+    def _restart_workers(self, worker_group: object) -> None:
+        self._shutdown()  # torch: _stop_workers -> _shutdown(), then a new rendezvous
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        self.stops.append((death_sig, timeout))
+
+
+def test_a_restarted_groups_workers_get_seconds_not_half_a_minute() -> None:
+    agent_class = type("Agent", (_Agent,), {})
+    assert launch.stop_quickly_on_restart(agent_class, seconds=2)
+    assert launch.stop_quickly_on_restart(agent_class, seconds=2)  # wrapped once
+    agent = agent_class()
+    agent._restart_workers(object())  # a worker failed or a node joined: restart in place
+    agent._shutdown()  # the agent's own end (the pod's SIGTERM): torch's 30 s
+    agent._shutdown(signal.SIGINT, 5)
+    assert agent.stops == [(signal.SIGTERM, 2), (signal.SIGTERM, 30), (signal.SIGINT, 5)]
+    assert not agent.cairn_restarting
+
+
+def test_an_agent_without_the_methods_keeps_torchs_stop() -> None:
+    assert not launch.stop_quickly_on_restart(type("Bare", (), {}))
+
+
+def test_the_launcher_wraps_torchs_agent() -> None:
+    """The methods exist in the locked torch (a rename would silently keep 30 s)."""
+    from torch.distributed.elastic.agent.server import local_elastic_agent
+
+    agent_class = type("Agent", (local_elastic_agent.LocalElasticAgent,), {})
+    assert launch.stop_quickly_on_restart(agent_class)
