@@ -39,7 +39,7 @@ def test_upload_owed(step: int, every: int | None, final: bool, owed: bool) -> N
 
 def test_nothing_is_owed_without_s3(tmp_path: pathlib.Path) -> None:
     assert not tiers.owed(10, opts=_opts(tmp_path), final=True)
-    with_s3 = _opts(tmp_path, s3=S3, upload_interval_steps=10)
+    with_s3 = _opts(tmp_path, s3=S3, interval_steps=5, upload_interval_steps=10)
     assert tiers.owed(10, opts=with_s3, final=False)
     assert not tiers.owed(11, opts=with_s3, final=False)
 
@@ -77,9 +77,15 @@ def test_local_only_marker_round_trip(tmp_path: pathlib.Path) -> None:
     assert not layout.is_local_only(tmp_path)
 
 
-def test_options_refuse_a_zero_upload_interval(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(ValueError, match="upload_interval_steps"):
-        _opts(tmp_path, s3=S3, upload_interval_steps=0)
+@pytest.mark.parametrize(
+    ("every", "saves"),
+    [(0, 1), (10, 4), (10, None)],  # zero; not a multiple; saves by time (intervalSeconds)
+)
+def test_options_refuse_an_upload_interval_that_picks_no_saves(
+    tmp_path: pathlib.Path, every: int, saves: int | None
+) -> None:
+    with pytest.raises(ValueError, match="upload_interval_steps must be a multiple"):
+        _opts(tmp_path, s3=S3, interval_steps=saves, upload_interval_steps=every)
 
 
 def _spec(**ckpt: object) -> checkpointspec.CheckpointSpec:

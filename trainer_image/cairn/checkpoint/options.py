@@ -149,6 +149,7 @@ class CheckpointOptions:
     """With `s3`: upload only the saves of steps divisible by this (and the
     final and last saves, `cairn.checkpoint.tiers`); the others stay on the
     volume and in memory, marked local-only, and rotate without an upload.
+    A multiple of `interval_steps` (refused otherwise, and with saves by time).
     None: every committed step is uploaded."""
 
     def __post_init__(self) -> None:
@@ -169,8 +170,15 @@ class CheckpointOptions:
             raise ValueError("CheckpointOptions.attempt must be >= 0")
         if self.group < 0:
             raise ValueError("CheckpointOptions.group must be >= 0")
-        if self.upload_interval_steps is not None and self.upload_interval_steps < 1:
-            raise ValueError("CheckpointOptions.upload_interval_steps must be >= 1 or None")
+        if self.upload_interval_steps is not None:
+            # It picks saves by step number: a multiple of the save interval, which
+            # must be in steps (with interval_seconds most steps would never match).
+            every, saves = self.upload_interval_steps, self.interval_steps
+            if every < 1 or saves is None or every % saves:
+                raise ValueError(
+                    "CheckpointOptions.upload_interval_steps must be a multiple of "
+                    f"interval_steps (got {every}, interval_steps {saves})"
+                )
         if self.write_threads < 1:
             raise ValueError("CheckpointOptions.write_threads must be >= 1")
         if self.timeout_seconds <= 0:
