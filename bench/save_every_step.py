@@ -25,7 +25,7 @@ run in real training) and drains it, then times steps M/2+1 .. M/2+M, so
 the block's upload step (a multiple of M) falls mid-block and the steps
 after it carry its background work. The last save's background work and
 the manager's close (a clean end uploads the newest local-only step:
-``tiers.newest_to_promote``) are timed apart, not in a step.
+``upload_backlog.promote_newest``) are timed apart, not in a step.
 
 A step's time is the slower rank's. Printed per arm and recorded in
 ``bench/results/save-every-step-<params>-<UTC>.json``: median and p90 step

@@ -22,11 +22,11 @@ One job, about a minute on 2 cores.
 """
 
 import ast
-import json
 from typing import Any
 
 import pytest
 
+from cairn.api import manifest
 from tests import demo
 from tests.e2e import killedjob
 
@@ -84,15 +84,14 @@ def test_user_script_reports_status_and_resumes_after_a_killed_rank(
     )
     assert uploaded <= resumed <= committed + INTERVAL, (uploaded, committed, resumed)
     # Only every second save went to S3 (the last one, 30, is one of them).
-    s3 = devcluster.target.s3_client()
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="user-script/")
-    manifests = [
-        o["Key"]
-        for page in pages
-        for o in page.get("Contents", [])
-        if o["Key"].endswith("/manifest.json")
-    ]
-    steps = sorted(int(k.split("/")[1].removeprefix("step-")) for k in manifests)
+    listing = demo.s3_listing(devcluster.target, bucket=bucket, prefix="user-script")
+    steps = sorted(
+        int(folder.removeprefix("step-"))
+        for folder, objects in listing.items()
+        if manifest.MANIFEST_NAME in objects
+    )
     assert steps and steps[-1] == STEPS and all(s % UPLOAD_INTERVAL == 0 for s in steps), steps
-    last = json.loads(s3.get_object(Bucket=bucket, Key=manifests[-1])["Body"].read())
-    assert last["tiers"] == ["memory", "peer", "volume"], last.get("tiers")
+    key = f"user-script/{manifest.step_dir_name(STEPS)}/{manifest.MANIFEST_NAME}"
+    body = devcluster.target.s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    last = manifest.parse_manifest(body)
+    assert last.tiers == ("memory", "peer", "volume"), last.tiers

@@ -29,7 +29,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,6 +37,7 @@ from kubernetes import client, config
 
 from cairn.operator import kubeapi, reconcile, runtime
 from cairn.operator.core import tunables
+from tests.integration.devcluster import kube_helpers as kh
 from tests.integration.operator.conftest import SLEEP_FOREVER, Kube, job_body
 
 pytestmark = pytest.mark.cluster
@@ -132,13 +133,44 @@ def _as_user(kube: Kube, user: str) -> tuple[int, str | None]:
     return int(response.status), response.headers.get("X-Kubernetes-PF-FlowSchema-UID")
 
 
-def _until(what: str, done: Callable[[], bool]) -> None:
-    """Poll ``done`` every 50 ms until it holds; fail with ``what`` after DEADLINE."""
-    deadline = time.monotonic() + DEADLINE
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {DEADLINE} s")
-        time.sleep(0.05)
+@dataclasses.dataclass
+class _Holder:
+    """One request of a user in flight, its body withheld until `stop`."""
+
+    thread: threading.Thread
+    release: threading.Event
+    answered: list[int]
+
+    def stop(self) -> None:
+        self.release.set()
+        self.thread.join(DEADLINE)
+
+
+def _hold_seat(kube: Kube, user: str) -> _Holder:
+    """Start a dry-run ConfigMap create as ``user`` whose body arrives only at `stop`."""
+    release = threading.Event()
+    answered: list[int] = []
+
+    def body() -> Iterator[bytes]:
+        yield b'{"apiVersion":"v1","kind":"ConfigMap",'
+        release.wait(DEADLINE)  # bounded: the server gets its body in the end
+        yield b'"metadata":{"generateName":"held-"}}'
+
+    def hold() -> None:
+        url = f"{kube.api_client.configuration.host}/api/v1/namespaces/{kube.namespace}/configmaps"
+        response = kube.api_client.rest_client.pool_manager.request(
+            "POST",
+            f"{url}?dryRun=All",
+            body=body(),
+            chunked=True,
+            headers={"Impersonate-User": user, "Content-Type": "application/json"},
+            retries=False,
+        )
+        answered.append(response.status)
+
+    thread = threading.Thread(target=hold, name="apf-seat-holder")
+    thread.start()
+    return _Holder(thread=thread, release=release, answered=answered)
 
 
 @contextlib.contextmanager
@@ -156,47 +188,24 @@ def _seat_held(kube: Kube, throttled: Throttled) -> Iterator[None]:
     # and one classified before the FlowSchema counts holds a seat of the
     # catch-all level, not of the throttled one.
     ready = (200, throttled.flow_schema_uid)
-    _until(f"RBAC and APF for {user}", lambda: _as_user(kube, user) == ready)
+    kh.wait_for(
+        lambda: _as_user(kube, user) == ready, timeout=DEADLINE, what=f"RBAC and APF for {user}"
+    )
     deadline = time.monotonic() + DEADLINE
     while True:
-        release = threading.Event()
-        answered: list[int] = []
-
-        def body(release: threading.Event = release) -> Iterator[bytes]:
-            yield b'{"apiVersion":"v1","kind":"ConfigMap",'
-            release.wait(DEADLINE)  # bounded: the server gets its body in the end
-            yield b'"metadata":{"generateName":"held-"}}'
-
-        def hold(
-            body: Callable[[], Iterator[bytes]] = body, answered: list[int] = answered
-        ) -> None:
-            url = f"{kube.api_client.configuration.host}/api/v1/namespaces/{kube.namespace}/configmaps"
-            response = kube.api_client.rest_client.pool_manager.request(
-                "POST",
-                f"{url}?dryRun=All",
-                body=body(),
-                chunked=True,
-                headers={"Impersonate-User": user, "Content-Type": "application/json"},
-                retries=False,
-            )
-            answered.append(response.status)
-
-        holder = threading.Thread(target=hold, name="apf-seat-holder")
-        holder.start()
-        while not answered and _as_user(kube, user)[0] != 429:
+        holder = _hold_seat(kube, user)
+        while not holder.answered and _as_user(kube, user)[0] != 429:
             assert time.monotonic() < deadline, "the holder's request never took the seat"
             time.sleep(0.05)
-        if not answered:
+        if not holder.answered:
             break  # the seat is held: a read of the same user was refused
-        release.set()
-        holder.join(DEADLINE)
-        assert time.monotonic() < deadline, f"no holder kept the seat: last answered {answered}"
+        holder.stop()
+        assert time.monotonic() < deadline, f"no holder kept the seat: last {holder.answered}"
     try:
         yield
     finally:
-        release.set()
-        holder.join(DEADLINE)
-    assert answered == [201], f"the seat holder's request was answered {answered}"
+        holder.stop()
+    assert holder.answered == [201], f"the seat holder's request was answered {holder.answered}"
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """Which tiers keep a committed step (`cairn.checkpoint.tiers`), its markers on
-a volume (`layout`), and the spec field that thins uploads
-(`checkpoint.upload.intervalSteps`). Pure, plus a tmp folder for the markers."""
+a volume (`layout`), the clean end's promotion of the newest local-only step
+(`upload_backlog.promote_newest`), and the spec field that thins uploads
+(`checkpoint.upload.intervalSteps`). Pure, plus tmp folders for the markers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pydantic
 import pytest
 
 from cairn.api import checkpointspec
-from cairn.checkpoint import layout, options, tiers
+from cairn.api import manifest as manifest_mod
+from cairn.checkpoint import layout, options, tiers, upload_backlog
 
 
 def _opts(tmp_path: pathlib.Path, **kw: object) -> options.CheckpointOptions:
@@ -37,11 +39,12 @@ def test_upload_owed(step: int, every: int | None, final: bool, owed: bool) -> N
     assert tiers.upload_owed(step, every=every, final=final) is owed
 
 
-def test_nothing_is_owed_without_s3(tmp_path: pathlib.Path) -> None:
-    assert not tiers.owed(10, opts=_opts(tmp_path), final=True)
+def test_only_a_job_that_uploads_marks_steps_local_only(tmp_path: pathlib.Path) -> None:
+    assert not tiers.local_only(11, opts=_opts(tmp_path), final=False)  # no S3: no marker
     with_s3 = _opts(tmp_path, s3=S3, interval_steps=5, upload_interval_steps=10)
-    assert tiers.owed(10, opts=with_s3, final=False)
-    assert not tiers.owed(11, opts=with_s3, final=False)
+    assert not tiers.local_only(10, opts=with_s3, final=False)
+    assert tiers.local_only(11, opts=with_s3, final=False)
+    assert not tiers.local_only(11, opts=with_s3, final=True)
 
 
 def test_in_pod_tiers(tmp_path: pathlib.Path) -> None:
@@ -54,18 +57,47 @@ def test_in_pod_tiers(tmp_path: pathlib.Path) -> None:
     )
 
 
+def _committed(root: pathlib.Path, step: int, *, local_only: bool) -> None:
+    folder = layout.step_dir(root, step)
+    folder.mkdir(parents=True)
+    (folder / "__0_0.distcp").write_bytes(b"x")
+    entry = layout.entry_for(folder, "__0_0.distcp", rank=0)
+    doc = manifest_mod.Manifest(step=step, world_size=1, attempt=0, created_at=0.0, files=(entry,))
+    layout.write_manifest_exclusive(folder, doc)
+    if local_only:
+        layout.mark_local_only(folder)
+
+
 @pytest.mark.parametrize(
     ("committed", "promoted"),
     [
         ([], None),
         ([(4, False), (5, True)], 5),
-        ([(5, True), (4, False)], 5),  # input order does not matter
+        ([(5, True), (4, False)], 5),  # the order they were written in does not matter
         ([(4, True), (8, False)], None),  # the newest is owed already
         ([(3, True)], 3),
     ],
 )
-def test_newest_to_promote(committed: list[tuple[int, bool]], promoted: int | None) -> None:
-    assert tiers.newest_to_promote(committed) == promoted
+def test_a_clean_end_promotes_the_newest_step_only(
+    tmp_path: pathlib.Path, committed: list[tuple[int, bool]], promoted: int | None
+) -> None:
+    for step, local_only in committed:
+        _committed(tmp_path, step, local_only=local_only)
+    pending = upload_backlog.pending_steps(tmp_path, job_uid=None)
+    assert pending == sorted(step for step, local_only in committed if not local_only)
+    assert upload_backlog.promote_newest(tmp_path, job_uid=None) == promoted
+    still_local = sorted(step for step, local_only in committed if local_only and step != promoted)
+    assert [
+        s for s, _ in sorted(committed) if layout.is_local_only(layout.step_dir(tmp_path, s))
+    ] == still_local
+    if promoted is not None:
+        assert promoted in upload_backlog.pending_steps(tmp_path, job_uid=None)
+
+
+def test_a_newer_folder_that_is_not_committed_is_not_promoted(tmp_path: pathlib.Path) -> None:
+    _committed(tmp_path, 4, local_only=True)
+    layout.step_dir(tmp_path, 8).mkdir()  # no manifest: not a committed step
+    assert upload_backlog.promote_newest(tmp_path, job_uid=None) == 4
 
 
 def test_local_only_marker_round_trip(tmp_path: pathlib.Path) -> None:

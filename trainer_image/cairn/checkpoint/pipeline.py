@@ -107,7 +107,7 @@ class StepContext:
     memory: memtier.MemoryTier | None = None
     """The in-memory tier (None when off): told of each commit, keeps it apart."""
     final: bool = False
-    """The final (SIGTERM) save: always owed an upload (`tiers.owed`)."""
+    """The final (SIGTERM) save: always owed an upload (`tiers.upload_owed`)."""
 
 
 def _emit(ctx: StepContext, phase: events.Phase, **kw: typing.Any) -> None:
@@ -157,7 +157,7 @@ def run_step(ctx: StepContext, staged: concurrent.futures.Future[dict[str, typin
             tmp.mkdir(parents=True, exist_ok=True)
             # Before any data: proof that this job's attempt wrote here.
             layout.write_writer_marker(tmp, job_uid=ctx.opts.job_uid, attempt=ctx.opts.attempt)
-            if ctx.opts.s3 is not None and not tiers.owed(step, opts=ctx.opts, final=ctx.final):
+            if tiers.local_only(step, opts=ctx.opts, final=ctx.final):
                 # Committed with the step by the rename: uploads skip it,
                 # retention rotates it (`cairn.checkpoint.tiers`).
                 layout.mark_local_only(tmp)

@@ -6,8 +6,8 @@ committed step unless `upload_interval_steps` (spec
 `checkpoint.upload.intervalSteps`) thins the uploads: then only the saves of
 steps divisible by it are owed an upload, and so is a final (SIGTERM) save,
 which may be the last chance to leave the pods. A clean end of training
-also promotes the newest local-only step (`manager.close`): the last
-checkpoint of a finished job is in S3.
+also promotes the newest local-only step (`manager.close`,
+`upload_backlog.promote_newest`): the last checkpoint of a finished job is in S3.
 
 A step that is not owed an upload is marked local-only on its volume
 (`layout.LOCAL_ONLY_MARKER`, written into the temporary folder before the
@@ -37,11 +37,12 @@ def upload_owed(step: int, *, every: int | None, final: bool) -> bool:
     return every is None or final or step % every == 0
 
 
-def owed(step: int, *, opts: options.CheckpointOptions, final: bool) -> bool:
-    """`upload_owed` for this job's options: never without S3. Pure."""
-    if opts.s3 is None:
-        return False
-    return upload_owed(step, every=opts.upload_interval_steps, final=final)
+def local_only(step: int, *, opts: options.CheckpointOptions, final: bool) -> bool:
+    """Whether a step committed now gets the local-only marker: the job uploads,
+    but not this step (`upload_owed`). Without S3 no step is marked. Pure."""
+    return opts.s3 is not None and not upload_owed(
+        step, every=opts.upload_interval_steps, final=final
+    )
 
 
 def in_pod(opts: options.CheckpointOptions) -> tuple[Tier, ...]:
@@ -51,15 +52,3 @@ def in_pod(opts: options.CheckpointOptions) -> tuple[Tier, ...]:
     if opts.memory_replicas >= 1:
         return ("memory", "peer", "volume")
     return ("memory", "volume")
-
-
-def newest_to_promote(
-    committed: typing.Iterable[tuple[int, bool]],
-) -> int | None:
-    """Of (step, local_only) pairs of committed steps: the newest step when it is
-    local-only (a clean end uploads it), else None. Pure."""
-    steps = sorted(committed)
-    if not steps:
-        return None
-    step, local_only = steps[-1]
-    return step if local_only else None

@@ -91,6 +91,18 @@ def pending_steps(
     )
 
 
+def promote_newest(
+    root: pathlib.Path, *, job_uid: str | None, keyring: manifest_mod.Keyring | None = None
+) -> int | None:
+    """Make this volume's newest committed step owed an upload when it is
+    local-only (`cairn.checkpoint.tiers`: a clean end uploads the last step);
+    the step promoted, else None."""
+    committed = layout.committed_steps(root, job_uid=job_uid, keyring=keyring)
+    if committed and layout.clear_local_only(layout.step_dir(root, committed[-1])):
+        return committed[-1]
+    return None
+
+
 def mark_copy_uploaded(folder: pathlib.Path, *, rank: int, step: int) -> bool:
     """Mark this rank's copy of an uploaded step; False (logged) when the folder
     is gone: deleted from outside the writer, it has nothing left to rotate,

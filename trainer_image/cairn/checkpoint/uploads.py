@@ -16,17 +16,7 @@ import time
 import typing
 
 from cairn.checkpoint import coordinator as coordinator_mod
-from cairn.checkpoint import (
-    errors,
-    events,
-    layout,
-    options,
-    pipeline,
-    rotation,
-    tiers,
-    upload_backlog,
-    uploader,
-)
+from cairn.checkpoint import errors, events, options, pipeline, rotation, upload_backlog, uploader
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -75,17 +65,10 @@ class Uploads:
         last checkpoint. Each volume's rotating rank does its own."""
         if not rotation.rotates_here(rank=self._rank, shared=self._shared):
             return
-        root = self._opts.directory
-        committed = [
-            (step, layout.is_local_only(folder))
-            for step, folder in layout.step_dirs(root).items()
-            if layout.classify(
-                folder, job_uid=self._opts.job_uid, keyring=self._opts.manifest_keyring
-            )
-            == "committed"
-        ]
-        step = tiers.newest_to_promote(committed)
-        if step is not None and layout.clear_local_only(layout.step_dir(root, step)):
+        step = upload_backlog.promote_newest(
+            self._opts.directory, job_uid=self._opts.job_uid, keyring=self._opts.manifest_keyring
+        )
+        if step is not None:
             log.info("rank %d: the last step %d is uploaded at the end", self._rank, step)
 
     def drain(self, *, force: bool) -> None:
