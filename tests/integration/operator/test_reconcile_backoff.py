@@ -18,8 +18,10 @@ one reconcile succeeds and clears the job's failure count; the operator's
 client (``runtime.client_retries``) does not sleep on a 429 inside the call
 (urllib3 would, 3 x Retry-After for a GET, with the shared API thread parked).
 The holder is started only once a read as that user is allowed and classified
-by the test's FlowSchema (APF's and RBAC's caches lag their objects), and is
-replaced if another request took the seat first. Adds ~3 s to the suite.
+by the test's FlowSchema (APF's and RBAC's caches lag their objects), reads
+begin only after its headers are out, and a holder that reads show holds
+nothing (another request took the seat first) is replaced within a second or
+two. Adds ~3 s to the suite.
 """
 
 import asyncio
@@ -139,6 +141,7 @@ class _Holder:
 
     thread: threading.Thread
     release: threading.Event
+    sent: threading.Event
     answered: list[int]
 
     def stop(self) -> None:
@@ -149,9 +152,11 @@ class _Holder:
 def _hold_seat(kube: Kube, user: str) -> _Holder:
     """Start a dry-run ConfigMap create as ``user`` whose body arrives only at `stop`."""
     release = threading.Event()
+    sent = threading.Event()
     answered: list[int] = []
 
     def body() -> Iterator[bytes]:
+        sent.set()  # asked for its body: the request line and headers are out
         yield b'{"apiVersion":"v1","kind":"ConfigMap",'
         release.wait(DEADLINE)  # bounded: the server gets its body in the end
         yield b'"metadata":{"generateName":"held-"}}'
@@ -170,7 +175,17 @@ def _hold_seat(kube: Kube, user: str) -> _Holder:
 
     thread = threading.Thread(target=hold, name="apf-seat-holder")
     thread.start()
-    return _Holder(thread=thread, release=release, answered=answered)
+    return _Holder(thread=thread, release=release, sent=sent, answered=answered)
+
+
+def _refused_within(kube: Kube, user: str, *, seconds: float) -> bool:
+    """Whether a read as ``user`` is answered 429 within ``seconds``."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        if _as_user(kube, user)[0] == 429:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 @contextlib.contextmanager
@@ -192,15 +207,22 @@ def _seat_held(kube: Kube, throttled: Throttled) -> Iterator[None]:
         lambda: _as_user(kube, user) == ready, timeout=DEADLINE, what=f"RBAC and APF for {user}"
     )
     deadline = time.monotonic() + DEADLINE
+    settle = 0.1
     while True:
         holder = _hold_seat(kube, user)
-        while not holder.answered and _as_user(kube, user)[0] != 429:
-            assert time.monotonic() < deadline, "the holder's request never took the seat"
-            time.sleep(0.05)
-        if not holder.answered:
+        # Read only once the holder's headers are out and the server had a moment
+        # to admit it: a read sent first takes the level's one seat itself, and
+        # the holder is refused.
+        assert holder.sent.wait(DEADLINE), "the holder's request was never sent"
+        time.sleep(settle)
+        # A refused holder cannot tell: its thread sees the 429 only once its
+        # withheld body is sent. Reads still admitted a while after it went out
+        # mean it holds nothing; it is released and another one sent.
+        if _refused_within(kube, user, seconds=1.0 + settle):
             break  # the seat is held: a read of the same user was refused
         holder.stop()
         assert time.monotonic() < deadline, f"no holder kept the seat: last {holder.answered}"
+        settle = min(2 * settle, 2.0)  # a slower server gets longer to admit the next
     try:
         yield
     finally:
