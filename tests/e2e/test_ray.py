@@ -163,6 +163,7 @@ def _running_past(job: dict[str, Any], step: int) -> bool:
 @pytest.mark.timeout(1500)
 def test_rank_actor_killed_recovers_in_place(devcluster: Any, operator: Any, baseline: Any) -> None:
     run = Run(devcluster, runtime="ray", name="inplace")
+    run.body["spec"]["checkpoint"]["memory"] = {"enabled": True, "sizeLimit": "256Mi"}
     seen: dict[str, Any] = {}
 
     def kill_an_actor(job: dict[str, Any]) -> None:
@@ -183,6 +184,10 @@ def test_rank_actor_killed_recovers_in_place(devcluster: Any, operator: Any, bas
     assert rayjobs.pod_uids(run.core, run.namespace, run.name) == seen["uids"]
     assert status["ray"]["inPlaceRestarts"] == 1 and status["ray"]["group"] == 1
     assert status["ray"]["lastInPlaceRestart"]["fromStep"] >= 10
+    # The new actors loaded the step from pod memory (the volume holds it too).
+    resumed = status["checkpoints"]["resumedFrom"]
+    assert (resumed["attempt"], resumed["tier"]) == (1, "memory"), resumed
+    assert resumed["step"] == status["ray"]["lastInPlaceRestart"]["fromStep"], resumed
     (event,) = run.events("InPlaceRestart")
     assert "rank-actor group 1" in event.message
     groups = rayjobs.group_pids(run.core, run.namespace, run.head(job))

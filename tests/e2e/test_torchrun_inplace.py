@@ -59,6 +59,7 @@ def _manifest(target: Any, *, bucket: str) -> dict[str, Any]:
     args = spec["args"]
     args[args.index("--steps") + 1] = str(STEPS)
     spec["torchrun"] = {"maxInPlaceRestarts": IN_PLACE}
+    spec["checkpoint"]["memory"] = {"enabled": True, "sizeLimit": "256Mi"}
     return body
 
 
@@ -76,13 +77,18 @@ class Killer:
         self.killed: list[int] = []
         self.mttr: list[tuple[str, float]] = []
         self.servers: list[int] = []
+        """Each killed worker's parent: the pod's fork server (warm) or the agent."""
         self.agents: list[int] = []
         self.recorded: list[int] = []
         """``status.torchrun.inPlaceRestarts`` when each kill was sent."""
-        """Each killed worker's parent: the pod's fork server (warm) or the agent."""
+        self.in_place_tiers: set[str | None] = set()
+        """``resumedFrom.tier`` of every restore seen in attempt 1 (in place)."""
 
     def __call__(self, job: dict[str, Any]) -> None:
         status = job.get("status") or {}
+        resumed = (status.get("checkpoints") or {}).get("resumedFrom") or {}
+        if resumed.get("attempt") == 1:
+            self.in_place_tiers.add(resumed.get("tier"))
         committed = ((status.get("checkpoints") or {}).get("lastCommitted") or {}).get("step")
         restarts = (status.get("torchrun") or {}).get("inPlaceRestarts") or 0
         count = len(self.killed)
@@ -200,6 +206,10 @@ def test_worker_killed_restarts_in_place_then_pods(devcluster: Any, operator: An
     assert all("torchrun worker group" in m for m in messages), messages
     assert _announced(messages) == list(range(1, in_place + 1)), messages
     ckpts = status["checkpoints"]
+    # In place the new group loaded from pod memory; the pod-level restart's
+    # new pods had none (nor their emptyDir volumes): S3.
+    assert killer.in_place_tiers == {"memory"}, killer.in_place_tiers
+    assert ckpts["resumedFrom"]["tier"] == "s3", ckpts["resumedFrom"]
     assert ckpts["resumedFrom"]["attempt"] == 2 and ckpts["resumedFrom"]["step"] >= 30
     assert ckpts["lastCommitted"]["step"] == STEPS and ckpts["lastUploaded"]["step"] == STEPS
     assert status["step"] == STEPS

@@ -199,11 +199,12 @@ def quantity_value(value: schema.Quantity) -> float:
 
 class MemoryTier(schema.SpecModel):
     """The in-memory tier: each rank keeps its newest committed shard in a
-    memory-backed volume (and a replica of its predecessor's).
+    memory-backed volume (and a replica of its predecessor's, the same local
+    rank of the previous pod).
 
-    Memory cost per pod: about twice the rank's shard (its own copy plus the
-    replica of rank r-1's) with replicas 1; counted against the container's
-    memory limit."""
+    Memory cost per pod: about twice its ranks' shards (their own copies plus
+    the replicas of the previous pod's) with replicas 1; counted against the
+    container's memory limit."""
 
     model_config = pydantic.ConfigDict(
         json_schema_extra=schema.cel(
@@ -221,8 +222,8 @@ class MemoryTier(schema.SpecModel):
     )
     size_limit: schema.Quantity | None = pydantic.Field(
         default=None,
-        description="Size of the memory-backed emptyDir (about 2x the rank's shard with "
-        "replicas 1); required when enabled, less than resources.limits.memory.",
+        description="Size of the memory-backed emptyDir (about 2x the pod's ranks' shards "
+        "with replicas 1); required when enabled, less than resources.limits.memory.",
         json_schema_extra=schema.cel(
             (schema.quantity_rule("self"), "sizeLimit must be a non-negative quantity")
         ),
@@ -231,7 +232,8 @@ class MemoryTier(schema.SpecModel):
         default=1,
         ge=0,
         le=1,
-        description="Replicas of each rank's copy in peers' memory (rank r -> r+1 mod N).",
+        description="Replicas of each rank's copy in another pod's memory (rank r -> "
+        "r+procsPerNode mod N).",
     )
 
     @pydantic.field_validator("size_limit")

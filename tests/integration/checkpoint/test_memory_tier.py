@@ -19,6 +19,9 @@ spec `checkpoint.upload.intervalSteps`): only steps 4 and 8 are uploaded
 while training, the others are committed local-only and rotate without an
 upload; the clean end uploads the last step (10) too.
 
+Two ranks of one pod (procsPerNode 2) share its memory volume: each keeps
+its copy in its own folder, and both resume from memory.
+
 Memory off (`memory_dir` None) is every other checkpoint test; the unit
 tests (tests/unit/checkpoint/test_memtier.py) cover the pure parts.
 """
@@ -73,7 +76,8 @@ def test_restore_order_memory_then_peer_then_volume(tmp_path: pathlib.Path) -> N
         {**base, "steps": 4, "dump_steps": [4]}, world=2, tmp=tmp_path, name="saved"
     )
     saved.wait()
-    mem = [tmp_path / f"mem-{rank}" for rank in range(2)]
+    # each rank's folder of its pod's memory (`rank-<r>/`)
+    mem = [memtier.rank_dir(tmp_path / f"mem-{rank}", rank) for rank in range(2)]
     for rank in range(2):
         assert memtier.own_steps(mem[rank]) == [4]  # step 2 dropped once 4 was complete
         kept = [e for e in saved.result(rank)["events"] if e["phase"] == "memory_kept"]
@@ -146,4 +150,29 @@ def test_every_step_in_memory_s3_every_fourth(
         last = layout.step_dir(pod, 10)
         assert layout.is_uploaded(last) and not layout.is_local_only(last)
         assert layout.read_manifest(last).tiers == ("memory", "peer", "volume")
-        assert memtier.own_steps(tmp_path / f"mem-{rank}") == [10]
+        assert memtier.own_steps(memtier.rank_dir(tmp_path / f"mem-{rank}", rank)) == [10]
+
+
+def test_two_ranks_in_one_pod_keep_their_own_copies(tmp_path: pathlib.Path) -> None:
+    """procsPerNode 2: both ranks share the pod's volume and its memory volume.
+    Each keeps its own share in its own folder (before, both used one folder:
+    each replaced or deleted the other's copy, `memory_failed` on every save),
+    and a restart in place loads both from memory."""
+    base: dict[str, typing.Any] = {
+        "dir": str(tmp_path / "pod"),
+        "memory_dir": str(tmp_path / "mem"),
+        "interval": 2,
+        "job_uid": UID,
+        "keyring": manifest_mod.dump_keyring(RING).decode(),
+    }
+    saved = ckpt_harness.launch(
+        {**base, "steps": 4, "dump_steps": [4]}, world=2, tmp=tmp_path, name="saved"
+    )
+    saved.wait()
+    for rank in range(2):
+        events = saved.result(rank)["events"]
+        assert not [e for e in events if e["phase"] == "memory_failed"], events
+        assert memtier.own_steps(memtier.rank_dir(tmp_path / "mem", rank)) == [4]
+    resumed = _resume(base, tmp_path, "in-place")
+    assert [resumed.result(r)["tier"] for r in range(2)] == ["memory", "memory"]
+    _assert_same_state(saved, resumed)

@@ -126,6 +126,56 @@ def test_memory_step(reports: list[dict[str, typing.Any]], step: int | None) -> 
     assert memrestore.memory_step(reports) == step
 
 
+def test_memory_step_with_two_ranks_per_pod() -> None:
+    """Pods of 2 ranks: rank r's replica is on rank r+2 (the next pod), so the
+    pod of ranks 2 and 3 lost leaves their replicas on ranks 0 and 1."""
+    pod_a = [_held([4], [4]), _held([4], [4])]  # hold the replicas of ranks 2 and 3
+    lost = [_held([], []), _held([], [])]  # the other pod, with its memory, gone
+    assert memrestore.memory_step([*pod_a, *lost], stride=2) == 4
+    # with stride 1, rank 2's successor would be rank 3, lost with it
+    assert memrestore.memory_step([*pod_a, *lost], stride=1) is None
+
+
+@pytest.mark.parametrize(
+    ("local", "world", "stride"),
+    [
+        (None, 4, 1),  # not under torchrun: no pod structure known
+        ("2", 4, 2),  # two pods of two ranks
+        ("4", 4, 1),  # one pod holds every rank: the next rank, in the same pod
+        ("3", 4, 1),  # does not divide the world
+        ("1", 4, 1),
+        ("x", 4, 1),  # malformed
+    ],
+)
+def test_ranks_per_pod(local: str | None, world: int, stride: int) -> None:
+    env = {} if local is None else {"LOCAL_WORLD_SIZE": local}
+    assert memtier.ranks_per_pod(world, env) == stride
+
+
+def test_successor_and_predecessor_are_inverse_and_cross_pods() -> None:
+    world, stride = 6, 2
+    for rank in range(world):
+        after = memtier.successor(rank, world, stride)
+        assert memtier.predecessor(after, world, stride) == rank
+        assert after // stride != rank // stride  # never the rank's own pod
+
+
+def test_ranks_of_one_pod_keep_their_copies_apart(tmp_path: pathlib.Path) -> None:
+    """Two ranks on one memory volume each keep their own share under rank-<r>/."""
+    vol = tmp_path / "vol" / "step"
+    manifest = _committed(vol, 4, FILES)
+    for rank in range(2):
+        memtier.keep_own(
+            memdir=memtier.rank_dir(tmp_path / "mem", rank),
+            folder=vol,
+            manifest=manifest,
+            rank=rank,
+        )
+    for rank in range(2):
+        index = memtier.own_folder(memtier.rank_dir(tmp_path / "mem", rank), 4) / memtier.INDEX
+        assert json.loads(index.read_text())["rank"] == rank
+
+
 def test_pod_env_turns_the_tier_on() -> None:
     env = {podenv.MEMORY_DIR: "/var/run/cairn/memory", podenv.MEMORY_REPLICAS: "0"}
     opts = runtime_config.from_env(env).checkpoint
@@ -157,7 +207,7 @@ def test_a_started_tier_keeps_steps_in_the_background_and_closes(
     manifest = _committed(tmp_path / "vol" / "step", 4, FILES)
     tier.committed(folder=tmp_path / "vol" / "step", manifest=manifest)
     tier.close(barrier=barrier)  # finishes the queued keep first
-    assert memtier.own_steps(tmp_path / "mem") == [4]
+    assert memtier.own_steps(memtier.rank_dir(tmp_path / "mem", 0)) == [4]
     assert [(e.phase, e.step, e.message) for e in seen] == [("memory_kept", 4, "own")]
 
 

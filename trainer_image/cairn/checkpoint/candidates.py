@@ -91,7 +91,7 @@ def _memory_first(ctx: fetch_mod.Context, copies: list[verdict_mod.Copy]) -> lis
     if ctx.memory is None:
         return copies
     held = ctx.coordinator.gather(f"{ctx.namespace}/plan/memory", timeout=ctx.timeout)
-    step = memrestore.memory_step(held)
+    step = memrestore.memory_step(held, stride=ctx.memory.stride)
     newest = max((c.step for c in copies), default=None)
     if step is None or (newest is not None and newest > step):
         return copies

@@ -6,7 +6,7 @@
                          newest step every rank can get from one of the two
                          (`memory_step`, pure)
     fetch                every rank, for that copy: its own memory first,
-                         else its replica from rank (r+1) mod N's server
+                         else its replica from its successor's server
                          (`peer.fetch`, which checks each file's CRC32C
                          against the replica record); then every byte is
                          checked against the step's manifest (sizes, CRC32C;
@@ -51,7 +51,7 @@ Tier = typing.Literal["memory", "peer", "local", "s3"]
 
 def held(tier: memtier.MemoryTier) -> dict[str, typing.Any]:
     """What this rank can serve: its own steps, and its predecessor's replica steps."""
-    source = (tier.rank - 1) % tier.world
+    source = memtier.predecessor(tier.rank, tier.world, tier.stride)
     replicas = tier.memdir / "peer" / f"rank-{source}"  # `peer.ReplicaServer`'s layout
     found = (_REPLICA_DIR.fullmatch(p.name) for p in _children(replicas))
     return {
@@ -67,10 +67,13 @@ def _children(folder: pathlib.Path) -> list[pathlib.Path]:
         return []
 
 
-def memory_step(reports: typing.Sequence[typing.Mapping[str, typing.Any]]) -> int | None:
+def memory_step(
+    reports: typing.Sequence[typing.Mapping[str, typing.Any]], *, stride: int = 1
+) -> int | None:
     """The newest step every rank can get from memory: from its own copy or
-    from the replica its successor holds. Reports are by rank (`held`);
-    anything malformed counts as nothing held. Pure."""
+    from the replica its successor (`memtier.successor`, ranks `stride` apart)
+    holds. Reports are by rank (`held`); anything malformed counts as nothing
+    held. Pure."""
     world = len(reports)
     if world == 0:
         return None
@@ -82,7 +85,8 @@ def memory_step(reports: typing.Sequence[typing.Mapping[str, typing.Any]]) -> in
         return {s for s in value if isinstance(s, int) and not isinstance(s, bool) and s >= 0}
 
     reachable = [
-        steps(reports[r], "own") | steps(reports[(r + 1) % world], "replica") for r in range(world)
+        steps(reports[r], "own") | steps(reports[memtier.successor(r, world, stride)], "replica")
+        for r in range(world)
     ]
     common = set.intersection(*reachable)
     return max(common, default=None)

@@ -1,9 +1,12 @@
 """The in-memory tier, save side: each rank's newest committed files in pod memory,
-and a replica of them in rank (r+1) mod N's memory.
+and a replica of them in its successor's memory: rank (r+S) mod N, S the ranks
+per pod (`successor`), so the replica is in another pod.
 
     start      (collective, at manager start) every rank starts its
-               `peer.ReplicaServer` on the memory folder and publishes its
-               address; all addresses are gathered (bounded wait)
+               `peer.ReplicaServer` on its own folder of the pod's memory
+               (`<memory>/rank-<r>/`: a pod running several ranks holds one
+               folder per rank) and publishes its address; all addresses are
+               gathered (bounded wait)
     committed  after a step committed locally (writer thread), the step is
                handed to this tier's own worker thread: a save never waits
                for memory or the network
@@ -47,6 +50,35 @@ PUSH_DEADLINE_SECONDS = 120.0
 """Bound on one push of a rank's share to its successor."""
 CLOSE_BARRIER_SECONDS = 5.0
 """At close, the longest wait for the other ranks' last pushes."""
+
+
+def rank_dir(memory: pathlib.Path, rank: int) -> pathlib.Path:
+    """Rank `rank`'s folder of the pod's memory volume: ranks of one pod
+    (procsPerNode > 1) share the volume, never a folder."""
+    return memory / f"rank-{rank}"
+
+
+def ranks_per_pod(world: int, environ: typing.Mapping[str, str] | None = None) -> int:
+    """The stride between a rank and its successor: torchrun's LOCAL_WORLD_SIZE
+    (ranks of one pod are consecutive: node_rank x procs + local_rank), so that
+    a replica lands in the next pod; 1 when unset, when every rank is in one
+    pod, or when it does not divide the world (no pod structure to rely on)."""
+    env = os.environ if environ is None else environ
+    try:
+        local = int(env.get("LOCAL_WORLD_SIZE") or 1)
+    except ValueError:
+        return 1
+    return local if 1 < local < world and world % local == 0 else 1
+
+
+def successor(rank: int, world: int, stride: int) -> int:
+    """The rank holding `rank`'s replica."""
+    return (rank + stride) % world
+
+
+def predecessor(rank: int, world: int, stride: int) -> int:
+    """The rank whose replica `rank` holds."""
+    return (rank - stride) % world
 
 
 def own_root(memdir: pathlib.Path) -> pathlib.Path:
@@ -147,9 +179,10 @@ class MemoryTier:
         callbacks: typing.Sequence[events.ProgressCallback],
     ) -> None:
         assert opts.memory_dir is not None
-        self.memdir: pathlib.Path = opts.memory_dir
         self.rank = coordinator.rank
         self.world = coordinator.world_size
+        self.memdir: pathlib.Path = rank_dir(opts.memory_dir, self.rank)
+        self.stride = ranks_per_pod(self.world)
         self.job_uid = opts.job_uid
         self.key = peer_key(opts) if opts.memory_replicas else None
         self._opts = opts
@@ -166,7 +199,7 @@ class MemoryTier:
 
     def start(self) -> None:
         """Collective: start the replica server, gather every rank's address."""
-        self.memdir.mkdir(parents=True, exist_ok=True)
+        remove_stale(self.memdir)
         if self.key is None:
             if self._opts.memory_replicas:
                 log.warning("memory tier: no manifest keyring, so no peer replicas")
@@ -185,10 +218,10 @@ class MemoryTier:
         self.addresses = [_address(doc) for doc in found]
 
     def peer_of(self, rank: int) -> tuple[str, int] | None:
-        """The replica server holding `rank`'s replica: rank (r+1) mod N's."""
+        """The replica server holding `rank`'s replica: its `successor`'s."""
         if self.addresses is None or self.world < 2:
             return None
-        return self.addresses[(rank + 1) % self.world]
+        return self.addresses[successor(rank, self.world, self.stride)]
 
     def committed(self, *, folder: pathlib.Path, manifest: manifest_mod.Manifest) -> None:
         """A step committed locally: keep it in memory in the background."""
@@ -278,7 +311,6 @@ def start(
     """The started tier when `opts.memory_dir` is set (collective), else None."""
     if opts.memory_dir is None:
         return None
-    remove_stale(opts.memory_dir)
     tier = MemoryTier(opts=opts, coordinator=coordinator, callbacks=callbacks)
     tier.start()
     return tier

@@ -143,8 +143,9 @@ class CheckpointOptions:
     CAIRN_MEMORY_DIR; `cairn.checkpoint.memtier`): each rank keeps its newest
     committed files there, and restore tries it first. None: the tier is off."""
     memory_replicas: int = 1
-    """With `memory_dir`: 1 also pushes each rank's copy to rank (r+1) mod N's
-    replica server (`cairn.checkpoint.peer`); 0: own memory only."""
+    """With `memory_dir`: 1 also pushes each rank's copy to its successor's
+    replica server (rank r+S mod N, S the ranks per pod, so another pod's:
+    `memtier.successor`, `cairn.checkpoint.peer`); 0: own memory only."""
     upload_interval_steps: int | None = None
     """With `s3`: upload only the saves of steps divisible by this (and the
     final and last saves, `cairn.checkpoint.tiers`); the others stay on the
