@@ -1,6 +1,6 @@
 """MTTR on the devcluster: SIGKILL of a rank's worker process -> its first training step after.
 
-    python bench/mttr.py [--kills 5] [--kinds pod,inplace,warm,ray]
+    python bench/mttr.py [--kills 5] [--kinds pod,inplace,warm,warm-mem,ray-pod,ray,ray-mem]
 
 One job per kind (examples/quickstart.yaml's trainer, 2 nodes x 1 process,
 a checkpoint every 5 steps, 80 steps, ``restartPolicy.backoffSeconds: 0`` so
@@ -14,8 +14,17 @@ after the other on the running devcluster and operator:
 - ``warm``: the same under ``python -m cairn.trainer.launch`` (workers forked
   from a server that imported torch, the checkpoint library and, through
   ``--preload=``, the trainer module);
-- ``ray``: the Ray runtime in place (bench/ray_recovery_devcluster.py's
-  ``inplace`` job, its SIGKILL of rank 1's actor), when asked for.
+- ``warm-mem``: ``warm`` with the memory tier on (``checkpoint.memory``,
+  256 MiB): a restarted group restores from pod memory;
+- ``ray-pod``: the Ray runtime, rank 1's pod process SIGKILLed, the gang
+  restarted by the operator (bench/ray_recovery_devcluster.py's ``pod`` job):
+  the Ray rows' pod-level anchor;
+- ``ray``: the Ray runtime in place (its ``inplace`` job, SIGKILL of rank
+  1's actor); ``ray-mem``: the same with the memory tier on.
+
+The ratio column divides by the same runtime's pod-level median (``pod`` for
+torchrun, ``ray-pod`` for Ray). Each kind's record keeps the tier its job's
+last restore came from (``resumedFrom.tier``).
 
 Each kill: once a step >= 10 (then 5 past the last recovery) is committed,
 SIGKILL rank 1's worker process (torchrun's child, or the fork server's child)
@@ -57,12 +66,24 @@ TORCHRUN_KINDS: dict[str, dict[str, Any]] = {
     "pod": {"command": rayjobs.PLAIN_TORCHRUN, "in_place": 0},
     "inplace": {"command": rayjobs.PLAIN_TORCHRUN, "in_place": 10},
     "warm": {"command": rayjobs.WARM_TORCHRUN, "in_place": 10},
+    "warm-mem": {"command": rayjobs.WARM_TORCHRUN, "in_place": 10, "memory": True},
 }
+RAY_KINDS: dict[str, dict[str, Any]] = {
+    "ray-pod": {"kill": "pod", "memory": False},
+    "ray": {"kill": "inplace", "memory": False},
+    "ray-mem": {"kill": "inplace", "memory": True},
+}
+MEMORY = {"enabled": True, "sizeLimit": "256Mi"}
+POD_LEVEL = {"pod": "pod", "inplace": "pod", "warm": "pod", "warm-mem": "pod"}
+"""Each kind's pod-level anchor (the same runtime's); Ray kinds: ``ray-pod``."""
 LABELS = {
     "pod": "torchrun, pod-level restart (maxInPlaceRestarts 0)",
     "inplace": "torchrun, in place",
     "warm": "torchrun, in place + warm (cairn.trainer.launch)",
+    "warm-mem": "torchrun, in place + warm + memory tier",
+    "ray-pod": "Ray, pod-level restart (gang)",
     "ray": "Ray, in place",
+    "ray-mem": "Ray, in place + memory tier",
 }
 
 
@@ -84,6 +105,7 @@ class TorchrunBench:
         self.parents: list[int] = []
         """Each killed worker's parent: the agent (plain torchrun) or the fork server (warm)."""
         self.next_after = 10
+        self.final: dict[str, Any] = {}
 
     def _manifest(self, bucket: str) -> dict[str, Any]:
         shape = TORCHRUN_KINDS[self.kind]
@@ -95,6 +117,8 @@ class TorchrunBench:
         spec["restartPolicy"] = {"maxRestarts": 10, "backoffSeconds": 0}
         if shape["in_place"]:
             spec["torchrun"] = {"maxInPlaceRestarts": shape["in_place"]}
+        if shape.get("memory"):
+            spec["checkpoint"]["memory"] = dict(MEMORY)
         return body
 
     def poll(self, job: dict[str, Any], kills: int) -> None:
@@ -126,7 +150,7 @@ class TorchrunBench:
         self.next_after = max(demo.Row.of(latest).committed or 0, self.next_after) + 5
 
     def run(self, kills: int) -> tuple[list[float], list[float]]:
-        demo.run_job(
+        self.final = demo.run_job(
             api_client=self.api,
             namespace=self.namespace,
             body=self.body,
@@ -152,9 +176,15 @@ def summary(samples: list[float], loads: list[float]) -> dict[str, Any]:
     }
 
 
+def last_tier(job: dict[str, Any]) -> str | None:
+    """``status.checkpoints.resumedFrom.tier`` of a finished job. Pure."""
+    ckpts = (job.get("status") or {}).get("checkpoints") or {}
+    return (ckpts.get("resumedFrom") or {}).get("tier")
+
+
 def table(rows: dict[str, dict[str, Any]]) -> str:
-    """The Markdown table the docs quote: one row per kind, ratio to ``pod``. Pure."""
-    pod = rows.get("pod", {}).get("median")
+    """The Markdown table the docs quote: one row per kind, ratio to the same
+    runtime's pod-level median (`POD_LEVEL`). Pure."""
     lines = [
         "| kind | kills | median s | min s | max s | ratio to pod-level |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -163,6 +193,7 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
         if not row.get("n"):
             lines.append(f"| {LABELS[kind]} | 0 | | | | |")
             continue
+        pod = rows.get(POD_LEVEL.get(kind, "ray-pod"), {}).get("median")
         ratio = f"{row['median'] / pod:.2f}" if pod else ""
         lines.append(
             f"| {LABELS[kind]} | {row['n']} | {row['median']:.1f} | {row['min']:.1f} "
@@ -174,7 +205,7 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/mttr.py")
     parser.add_argument("--kills", type=int, default=5)
-    parser.add_argument("--kinds", default="pod,inplace,warm,ray")
+    parser.add_argument("--kinds", default="pod,inplace,warm,warm-mem,ray-pod,ray,ray-mem")
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
     unknown = set(kinds) - set(LABELS)
@@ -186,15 +217,21 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, Any]] = {}
     for kind in kinds:
         print(f"{kind}: load average {os.getloadavg()}", flush=True)
-        if kind == "ray":
+        if kind in RAY_KINDS:
+            shape = RAY_KINDS[kind]
             loads_before = os.getloadavg()[0]
-            bench = ray_recovery_devcluster.Bench(target, api, "inplace")
+            bench = ray_recovery_devcluster.Bench(
+                target, api, shape["kill"], memory=MEMORY if shape["memory"] else None
+            )
             samples, loads = bench.run(args.kills), [loads_before]
+            final = bench.final
         else:
             torchrun = TorchrunBench(target=target, api=api, kind=kind)
             samples, loads = torchrun.run(args.kills)
+            final = torchrun.final
         rows[kind] = summary(samples, loads) if samples else {"n": 0, "samples": []}
-        if kind != "ray":
+        rows[kind]["last_restore_tier"] = last_tier(final)
+        if kind not in RAY_KINDS:
             # Warm: one fork server per pod and attempt (fewer parents than kills).
             rows[kind]["killed_worker_parents"] = torchrun.parents
     text = table(rows)

@@ -41,7 +41,14 @@ STEP_TIMEOUT = 300.0
 
 
 class Bench:
-    def __init__(self, target: cluster.Cluster, api: client.ApiClient, kind: str) -> None:
+    def __init__(
+        self,
+        target: cluster.Cluster,
+        api: client.ApiClient,
+        kind: str,
+        *,
+        memory: dict[str, Any] | None = None,
+    ) -> None:
         self.target = target
         self.kind = kind
         self.core = client.CoreV1Api(api)
@@ -57,7 +64,10 @@ class Bench:
         )
         self.body["spec"]["restartPolicy"] = {"maxRestarts": 10, "backoffSeconds": 0}
         self.body["spec"]["ray"]["maxInPlaceRestarts"] = 10
+        if memory is not None:  # the memory tier (`checkpoint.memory`)
+            self.body["spec"]["checkpoint"]["memory"] = dict(memory)
         self.samples: list[float] = []
+        self.final: dict[str, Any] = {}
         self.next_after = 10
 
     def job(self) -> dict[str, Any]:
@@ -94,7 +104,7 @@ class Bench:
         self.next_after = max(demo.Row.of(self.job()).committed or 0, self.next_after) + 5
 
     def run(self, kills: int) -> list[float]:
-        demo.run_job(
+        self.final = demo.run_job(
             api_client=self.api,
             namespace=self.namespace,
             body=self.body,

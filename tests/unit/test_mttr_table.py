@@ -1,0 +1,51 @@
+"""The pure parts of `bench/mttr.py`: each kind's ratio is to its own
+runtime's pod-level median (torchrun rows to `pod`, Ray rows to `ray-pod`),
+a kind without kills prints an empty row, and the tier of a job's last
+restore is read from its status."""
+
+import importlib
+import pathlib
+import sys
+from typing import Any
+
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+mttr: Any = importlib.import_module("mttr")
+
+
+def _row(median: float) -> dict[str, Any]:
+    row: dict[str, Any] = mttr.summary([median, median - 1, median + 1], [1.0])
+    return row
+
+
+def test_ratios_are_to_the_same_runtimes_pod_level() -> None:
+    rows = {
+        "pod": _row(10.0),
+        "warm": _row(5.0),
+        "ray-pod": _row(60.0),
+        "ray": _row(6.0),
+        "ray-mem": {"n": 0, "samples": []},
+    }
+    lines = mttr.table(rows).splitlines()
+    assert lines[2].endswith("| 10.0 | 9.0 | 11.0 | 1.00 |")
+    assert lines[3].endswith("| 5.0 | 4.0 | 6.0 | 0.50 |")
+    assert lines[4].endswith("| 60.0 | 59.0 | 61.0 | 1.00 |")
+    assert lines[5].endswith("| 6.0 | 5.0 | 7.0 | 0.10 |")
+    assert lines[6] == f"| {mttr.LABELS['ray-mem']} | 0 | | | | |"
+
+
+def test_no_pod_level_row_leaves_the_ratio_empty() -> None:
+    (line,) = mttr.table({"ray": _row(6.0)}).splitlines()[2:]
+    assert line.endswith("| 6.0 | 5.0 | 7.0 |  |")
+
+
+def test_every_kind_has_a_label_and_an_anchor() -> None:
+    kinds = {*mttr.TORCHRUN_KINDS, *mttr.RAY_KINDS}
+    assert kinds == set(mttr.LABELS)
+    assert set(mttr.POD_LEVEL) == set(mttr.TORCHRUN_KINDS)
+
+
+def test_last_tier() -> None:
+    job = {"status": {"checkpoints": {"resumedFrom": {"step": 35, "tier": "memory"}}}}
+    assert mttr.last_tier(job) == "memory"
+    assert mttr.last_tier({"status": {}}) is None
+    assert mttr.last_tier({}) is None
