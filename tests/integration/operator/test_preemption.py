@@ -22,9 +22,21 @@ from tests.integration.operator.conftest import SLEEP_FOREVER, Kube, job_body
 pytestmark = pytest.mark.cluster
 
 
+def _seen(kube: Kube) -> str:
+    """What the API server holds of the job's pods and status (a failure's context)."""
+    pods = [
+        (p.metadata.name, p.status.phase, [(c.type, c.status) for c in p.status.conditions or ()])
+        for p in kube.pods("pre")
+    ]
+    return f"pods {pods}; status {kube.status('pre')}"
+
+
 def _preempted(kube: Kube, *, attempt: int, rank: int) -> dict[str, Any]:
     """After a disruption of `rank` in `attempt`: the next attempt runs, nothing counted."""
-    status = kube.wait_phase("pre", "Running", attempt=attempt + 1)
+    try:
+        status = kube.wait_phase("pre", "Running", attempt=attempt + 1)
+    except AssertionError as exc:  # seen once in CI: say what the operator had to go on
+        raise AssertionError(f"{exc}; {_seen(kube)}") from None
     kube.wait_pods_running("pre", attempt=attempt + 1, count=2)
     failure = status["lastFailure"]
     assert (failure["attempt"], failure["rank"]) == (attempt, rank)
