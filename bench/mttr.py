@@ -73,9 +73,6 @@ RAY_KINDS: dict[str, dict[str, Any]] = {
     "ray": {"kill": "inplace", "memory": False},
     "ray-mem": {"kill": "inplace", "memory": True},
 }
-MEMORY = {"enabled": True, "sizeLimit": "256Mi"}
-POD_LEVEL = {"pod": "pod", "inplace": "pod", "warm": "pod", "warm-mem": "pod"}
-"""Each kind's pod-level anchor (the same runtime's); Ray kinds: ``ray-pod``."""
 LABELS = {
     "pod": "torchrun, pod-level restart (maxInPlaceRestarts 0)",
     "inplace": "torchrun, in place",
@@ -118,7 +115,7 @@ class TorchrunBench:
         if shape["in_place"]:
             spec["torchrun"] = {"maxInPlaceRestarts": shape["in_place"]}
         if shape.get("memory"):
-            spec["checkpoint"]["memory"] = dict(MEMORY)
+            spec["checkpoint"]["memory"] = dict(rayjobs.MEMORY_TIER)
         return body
 
     def poll(self, job: dict[str, Any], kills: int) -> None:
@@ -182,9 +179,15 @@ def last_tier(job: dict[str, Any]) -> str | None:
     return (ckpts.get("resumedFrom") or {}).get("tier")
 
 
+def anchor(kind: str) -> str:
+    """The kind whose median a kind's ratio divides by: its runtime's pod-level
+    restart (``ray-pod`` for the Ray kinds, ``pod`` for torchrun's). Pure."""
+    return "ray-pod" if kind in RAY_KINDS else "pod"
+
+
 def table(rows: dict[str, dict[str, Any]]) -> str:
     """The Markdown table the docs quote: one row per kind, ratio to the same
-    runtime's pod-level median (`POD_LEVEL`). Pure."""
+    runtime's pod-level median (`anchor`). Pure."""
     lines = [
         "| kind | kills | median s | min s | max s | ratio to pod-level |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -193,7 +196,7 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
         if not row.get("n"):
             lines.append(f"| {LABELS[kind]} | 0 | | | | |")
             continue
-        pod = rows.get(POD_LEVEL.get(kind, "ray-pod"), {}).get("median")
+        pod = rows.get(anchor(kind), {}).get("median")
         ratio = f"{row['median'] / pod:.2f}" if pod else ""
         lines.append(
             f"| {LABELS[kind]} | {row['n']} | {row['median']:.1f} | {row['min']:.1f} "
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             shape = RAY_KINDS[kind]
             loads_before = os.getloadavg()[0]
             bench = ray_recovery_devcluster.Bench(
-                target, api, shape["kill"], memory=MEMORY if shape["memory"] else None
+                target, api, shape["kill"], memory=rayjobs.MEMORY_TIER if shape["memory"] else None
             )
             samples, loads = bench.run(args.kills), [loads_before]
             final = bench.final

@@ -33,6 +33,9 @@ POLL_SECONDS = 0.05
 REFERENCE = "cairn.trainer.reference"
 PLAIN_TORCHRUN = ["torchrun", "-m", REFERENCE]
 WARM_TORCHRUN = ["python", "-m", "cairn.trainer.launch", f"--preload={REFERENCE}", "-m", REFERENCE]
+MEMORY_TIER = {"enabled": True, "sizeLimit": "256Mi"}
+"""`checkpoint.memory` of the e2e jobs and benches that turn the memory tier on
+(a few MB a step for the quickstart's model); copy it into a manifest."""
 """The reference trainer under the warm launcher (docs/operator.md, "Warm restarts")."""
 _GROUP_RE = re.compile(r"group (\d+) started: \d+ ranks, pids \[([\d, ]+)\]")
 

@@ -163,7 +163,7 @@ def _running_past(job: dict[str, Any], step: int) -> bool:
 @pytest.mark.timeout(1500)
 def test_rank_actor_killed_recovers_in_place(devcluster: Any, operator: Any, baseline: Any) -> None:
     run = Run(devcluster, runtime="ray", name="inplace")
-    run.body["spec"]["checkpoint"]["memory"] = {"enabled": True, "sizeLimit": "256Mi"}
+    run.body["spec"]["checkpoint"]["memory"] = dict(rayjobs.MEMORY_TIER)
     seen: dict[str, Any] = {}
 
     def kill_an_actor(job: dict[str, Any]) -> None:

@@ -59,7 +59,7 @@ def _manifest(target: Any, *, bucket: str) -> dict[str, Any]:
     args = spec["args"]
     args[args.index("--steps") + 1] = str(STEPS)
     spec["torchrun"] = {"maxInPlaceRestarts": IN_PLACE}
-    spec["checkpoint"]["memory"] = {"enabled": True, "sizeLimit": "256Mi"}
+    spec["checkpoint"]["memory"] = dict(rayjobs.MEMORY_TIER)
     return body
 
 

@@ -28,7 +28,7 @@ import pytest
 
 from cairn.api import manifest
 from tests import demo
-from tests.e2e import killedjob
+from tests.e2e import killedjob, rayjobs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -63,7 +63,7 @@ def test_user_script_reports_status_and_resumes_after_a_killed_rank(
     spec["checkpoint"]["statusIntervalSeconds"] = 1  # STEP moves while it runs
     spec["checkpoint"]["upload"]["uri"] = f"s3://{bucket}/user-script"
     spec["checkpoint"]["upload"]["intervalSteps"] = UPLOAD_INTERVAL
-    spec["checkpoint"]["memory"] = {"enabled": True, "sizeLimit": "256Mi"}
+    spec["checkpoint"]["memory"] = dict(rayjobs.MEMORY_TIER)
     run = killedjob.run_with_a_killed_rank(
         api_client=devcluster.api_client,
         namespace=namespace,

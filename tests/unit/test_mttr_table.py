@@ -41,7 +41,9 @@ def test_no_pod_level_row_leaves_the_ratio_empty() -> None:
 def test_every_kind_has_a_label_and_an_anchor() -> None:
     kinds = {*mttr.TORCHRUN_KINDS, *mttr.RAY_KINDS}
     assert kinds == set(mttr.LABELS)
-    assert set(mttr.POD_LEVEL) == set(mttr.TORCHRUN_KINDS)
+    assert {mttr.anchor(kind) for kind in mttr.TORCHRUN_KINDS} == {"pod"}
+    assert {mttr.anchor(kind) for kind in mttr.RAY_KINDS} == {"ray-pod"}
+    assert {"pod", "ray-pod"} <= kinds  # every anchor is a kind the bench runs
 
 
 def test_last_tier() -> None:

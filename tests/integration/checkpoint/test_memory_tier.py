@@ -56,6 +56,27 @@ def _assert_same_state(saved: ckpt_harness.Job, resumed: ckpt_harness.Job) -> No
         assert diff == [], (rank, diff)
 
 
+def _base(tmp: pathlib.Path, *, volume: str, memory: str) -> dict[str, typing.Any]:
+    """A 2-rank job saving every 2nd step, its volume and memory folders under `tmp`
+    (`{rank}` in a name: one per rank, as one pod per rank)."""
+    return {
+        "dir": str(tmp / volume),
+        "memory_dir": str(tmp / memory),
+        "interval": 2,
+        "job_uid": UID,
+        "keyring": manifest_mod.dump_keyring(RING).decode(),
+    }
+
+
+def _save(base: dict[str, typing.Any], tmp: pathlib.Path) -> ckpt_harness.Job:
+    """Four steps saved (steps 2 and 4), the state of step 4 dumped."""
+    job = ckpt_harness.launch(
+        {**base, "steps": 4, "dump_steps": [4]}, world=2, tmp=tmp, name="saved"
+    )
+    job.wait()
+    return job
+
+
 def _resume(base: dict[str, typing.Any], tmp: pathlib.Path, name: str) -> ckpt_harness.Job:
     job = ckpt_harness.launch(
         {**base, "steps": 4, "resume": True, "attempt": 1}, world=2, tmp=tmp, name=name
@@ -65,17 +86,8 @@ def _resume(base: dict[str, typing.Any], tmp: pathlib.Path, name: str) -> ckpt_h
 
 
 def test_restore_order_memory_then_peer_then_volume(tmp_path: pathlib.Path) -> None:
-    base: dict[str, typing.Any] = {
-        "dir": str(tmp_path / "pod-{rank}"),
-        "memory_dir": str(tmp_path / "mem-{rank}"),
-        "interval": 2,
-        "job_uid": UID,
-        "keyring": manifest_mod.dump_keyring(RING).decode(),
-    }
-    saved = ckpt_harness.launch(
-        {**base, "steps": 4, "dump_steps": [4]}, world=2, tmp=tmp_path, name="saved"
-    )
-    saved.wait()
+    base = _base(tmp_path, volume="pod-{rank}", memory="mem-{rank}")
+    saved = _save(base, tmp_path)
     # each rank's folder of its pod's memory (`rank-<r>/`)
     mem = [memtier.rank_dir(tmp_path / f"mem-{rank}", rank) for rank in range(2)]
     for rank in range(2):
@@ -158,17 +170,8 @@ def test_two_ranks_in_one_pod_keep_their_own_copies(tmp_path: pathlib.Path) -> N
     Each keeps its own share in its own folder (before, both used one folder:
     each replaced or deleted the other's copy, `memory_failed` on every save),
     and a restart in place loads both from memory."""
-    base: dict[str, typing.Any] = {
-        "dir": str(tmp_path / "pod"),
-        "memory_dir": str(tmp_path / "mem"),
-        "interval": 2,
-        "job_uid": UID,
-        "keyring": manifest_mod.dump_keyring(RING).decode(),
-    }
-    saved = ckpt_harness.launch(
-        {**base, "steps": 4, "dump_steps": [4]}, world=2, tmp=tmp_path, name="saved"
-    )
-    saved.wait()
+    base = _base(tmp_path, volume="pod", memory="mem")
+    saved = _save(base, tmp_path)
     for rank in range(2):
         events = saved.result(rank)["events"]
         assert not [e for e in events if e["phase"] == "memory_failed"], events
