@@ -1,6 +1,7 @@
 """MTTR on the devcluster: SIGKILL of a rank's worker process -> its first training step after.
 
-    python bench/mttr.py [--kills 5] [--kinds pod,inplace,warm,warm-mem,ray-pod,ray,ray-mem]
+    python bench/mttr.py [--kills 5]
+        [--kinds pod,inplace,warm,warm-mem,lost-gang,lost-replace,ray-pod,ray,ray-mem]
 
 One job per kind (examples/quickstart.yaml's trainer, 2 nodes x 1 process,
 a checkpoint every 5 steps, 80 steps, ``restartPolicy.backoffSeconds: 0`` so
@@ -16,14 +17,23 @@ after the other on the running devcluster and operator:
   ``--preload=``, the trainer module);
 - ``warm-mem``: ``warm`` with the memory tier on (``checkpoint.memory``,
   256 MiB): a restarted group restores from pod memory;
+- ``lost-gang`` and ``lost-replace``: rank 1's POD lost instead (deleted
+  with grace 0, as when its node is gone: the processes are killed, the pod
+  object is gone at once), both under the warm launcher with the memory tier.
+  ``lost-gang`` has ``maxInPlaceRestarts: 0``: the operator restarts every
+  pod (today's behaviour for a lost pod, and these rows' anchor);
+  ``lost-replace`` has ``maxInPlaceRestarts: 10``: the operator replaces only
+  that pod in the same attempt, the other pod's agent restarts its worker in
+  place, and the new pod's rank restores from its peer's memory replica;
 - ``ray-pod``: the Ray runtime, rank 1's pod process SIGKILLed, the gang
   restarted by the operator (bench/ray_recovery_devcluster.py's ``pod`` job):
   the Ray rows' pod-level anchor;
 - ``ray``: the Ray runtime in place (its ``inplace`` job, SIGKILL of rank
   1's actor); ``ray-mem``: the same with the memory tier on.
 
-The ratio column divides by the same runtime's pod-level median (``pod`` for
-torchrun, ``ray-pod`` for Ray). Each kind's record keeps the tier its job's
+The ratio column divides by the same runtime's pod-level median for the same
+fault (``pod`` for torchrun's process kills, ``lost-gang`` for its pod
+losses, ``ray-pod`` for Ray). Each kind's record keeps the tier its job's
 last restore came from (``resumedFrom.tier``).
 
 Each kill: once a step >= 10 (then 5 past the last recovery) is committed,
@@ -42,6 +52,7 @@ import os
 import pathlib
 import statistics
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -67,6 +78,13 @@ TORCHRUN_KINDS: dict[str, dict[str, Any]] = {
     "inplace": {"command": rayjobs.PLAIN_TORCHRUN, "in_place": 10},
     "warm": {"command": rayjobs.WARM_TORCHRUN, "in_place": 10},
     "warm-mem": {"command": rayjobs.WARM_TORCHRUN, "in_place": 10, "memory": True},
+    "lost-gang": {"command": rayjobs.WARM_TORCHRUN, "in_place": 0, "memory": True, "lose": True},
+    "lost-replace": {
+        "command": rayjobs.WARM_TORCHRUN,
+        "in_place": 10,
+        "memory": True,
+        "lose": True,
+    },
 }
 RAY_KINDS: dict[str, dict[str, Any]] = {
     "ray-pod": {"kill": "pod", "memory": False},
@@ -78,6 +96,8 @@ LABELS = {
     "inplace": "torchrun, in place",
     "warm": "torchrun, in place + warm (cairn.trainer.launch)",
     "warm-mem": "torchrun, in place + warm + memory tier",
+    "lost-gang": "torchrun, pod lost: every pod restarted (maxInPlaceRestarts 0)",
+    "lost-replace": "torchrun, pod lost: only it replaced, restore from peer memory",
     "ray-pod": "Ray, pod-level restart (gang)",
     "ray": "Ray, in place",
     "ray-mem": "Ray, in place + memory tier",
@@ -137,7 +157,10 @@ class TorchrunBench:
         self.loads.append(os.getloadavg()[0])
         stat = pathlib.Path(f"/proc/{worker}/stat").read_text()
         self.parents.append(int(stat.rsplit(")", 1)[1].split()[1]))
-        killed_at = rayjobs.kill(worker)
+        if TORCHRUN_KINDS[self.kind].get("lose"):
+            killed_at = lose_pod(self.core, self.namespace, f"{name}-a{status['attempt']}-n1")
+        else:
+            killed_at = rayjobs.kill(worker)
         stepped = rayjobs.wait_new_step(
             state, self.namespace, watch, after_lines=after, timeout=STEP_TIMEOUT
         )
@@ -161,6 +184,13 @@ class TorchrunBench:
         return self.samples, self.loads
 
 
+def lose_pod(core: client.CoreV1Api, namespace: str, pod: str) -> float:
+    """Delete ``pod`` with grace 0 (its node gone); the monotonic time of the delete."""
+    at = time.monotonic()
+    core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+    return at
+
+
 def summary(samples: list[float], loads: list[float]) -> dict[str, Any]:
     """Median, min, max of the samples (seconds) and the 1-min load average at the kills. Pure."""
     return {
@@ -180,9 +210,12 @@ def last_tier(job: dict[str, Any]) -> str | None:
 
 
 def anchor(kind: str) -> str:
-    """The kind whose median a kind's ratio divides by: its runtime's pod-level
-    restart (``ray-pod`` for the Ray kinds, ``pod`` for torchrun's). Pure."""
-    return "ray-pod" if kind in RAY_KINDS else "pod"
+    """The kind whose median a kind's ratio divides by: the pod-level restart of
+    the same runtime after the same fault (``ray-pod`` for the Ray kinds,
+    ``lost-gang`` for a lost pod, ``pod`` for torchrun's process kills). Pure."""
+    if kind in RAY_KINDS:
+        return "ray-pod"
+    return "lost-gang" if TORCHRUN_KINDS[kind].get("lose") else "pod"
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
@@ -208,7 +241,9 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/mttr.py")
     parser.add_argument("--kills", type=int, default=5)
-    parser.add_argument("--kinds", default="pod,inplace,warm,warm-mem,ray-pod,ray,ray-mem")
+    parser.add_argument(
+        "--kinds", default="pod,inplace,warm,warm-mem,lost-gang,lost-replace,ray-pod,ray,ray-mem"
+    )
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
     unknown = set(kinds) - set(LABELS)

@@ -9,9 +9,9 @@ commit:
 
 - kills 1 and 2: every pod's agent restarts its workers in place: the same
   pods (names, UIDs), attempt 1, no pod restart; rank 0 of the new worker group
-  records ``status.torchrun.group`` (the fencing sum: each kill adds 1, or 2
-  when rank 0's worker failed on the broken connection before its agent saw
-  the new round) and ``inPlaceRestarts`` (one per worker group started, so
+  records ``status.torchrun.group`` (at least the sum of the agents' counts:
+  each kill adds 1, or 2 when rank 0's worker failed on the broken connection
+  before its agent saw the new round) and ``inPlaceRestarts`` (one per worker group started, so
   each kill adds 1 unless torchrun started two groups for it);
   ``InPlaceRestart`` Events name every restart number
   once; the new group resumes from a committed step;
@@ -146,32 +146,48 @@ def _events(core: client.CoreV1Api, namespace: str, name: str, reason: str) -> l
     return [e for e in items if e.reason == reason]
 
 
+class Setup:
+    """One job of these tests: its own namespace and bucket, the manifest."""
+
+    def __init__(self, devcluster: Any) -> None:
+        self.devcluster = devcluster
+        self.namespace = f"e2e-tr-{uuid.uuid4().hex[:8]}"
+        bucket = f"e2e-tr-{uuid.uuid4().hex[:8]}"
+        demo.prepare_namespace(
+            api_client=devcluster.api_client,
+            target=devcluster.target,
+            namespace=self.namespace,
+            bucket=bucket,
+        )
+        self.core = client.CoreV1Api(devcluster.api_client)
+        self.body = _manifest(devcluster.target, bucket=bucket)
+        self.name: str = self.body["metadata"]["name"]
+        self.rows: list[demo.Row] = []
+
+    def run(self, hook: Any) -> dict[str, Any]:
+        """Follow the job to its end with `hook` as on_poll; print its rows."""
+        job = demo.run_job(
+            api_client=self.devcluster.api_client,
+            namespace=self.namespace,
+            body=self.body,
+            kill_rank_after_commit=None,
+            on_row=self.rows.append,
+            timeout=RUN_TIMEOUT,
+            on_poll=hook,
+            poll_seconds=0.5,
+        )
+        for row in self.rows:
+            print("   ", row.line())
+        return job
+
+
 @pytest.mark.timeout(1200)
 def test_worker_killed_restarts_in_place_then_pods(devcluster: Any, operator: Any) -> None:
-    namespace = f"e2e-tr-{uuid.uuid4().hex[:8]}"
-    bucket = f"e2e-tr-{uuid.uuid4().hex[:8]}"
-    api = devcluster.api_client
-    demo.prepare_namespace(
-        api_client=api, target=devcluster.target, namespace=namespace, bucket=bucket
-    )
-    core = client.CoreV1Api(api)
-    body = _manifest(devcluster.target, bucket=bucket)
-    name = body["metadata"]["name"]
+    setup = Setup(devcluster)
+    core, namespace, name, rows = setup.core, setup.namespace, setup.name, setup.rows
     killer = Killer(core=core, namespace=namespace, name=name, state=devcluster.state_dir)
-    rows: list[demo.Row] = []
     started = time.monotonic()
-    job = demo.run_job(
-        api_client=api,
-        namespace=namespace,
-        body=body,
-        kill_rank_after_commit=None,
-        on_row=rows.append,
-        timeout=RUN_TIMEOUT,
-        on_poll=killer,
-        poll_seconds=0.5,
-    )
-    for row in rows:
-        print("   ", row.line())
+    job = setup.run(killer)
     status = job["status"]
     assert status["phase"] == "Succeeded", status
     assert len(killer.killed) == IN_PLACE + 1, f"only {len(killer.killed)} kills happened"
@@ -225,4 +241,127 @@ def test_worker_killed_restarts_in_place_then_pods(devcluster: Any, operator: An
     for kind, seconds in killer.mttr:
         print(f"    MTTR {kind}: {seconds:.1f}s")
     print(f"    test body {time.monotonic() - started:.0f}s")
+    core.delete_namespace(namespace)
+
+
+LOSSES_FOR_REPLACEMENT = (("deleted", None), ("force-deleted", 0))
+"""The pod losses of the replacement test: a plain delete (a drain: SIGTERM,
+the grace period), then a delete with grace 0 (a node gone: the processes are
+killed, the object is gone at once)."""
+
+
+class PodLoser:
+    """The on_poll hook: rank 1's pod deleted twice, each after a new commit
+    and once the previous replacement runs."""
+
+    def __init__(self, *, core: client.CoreV1Api, namespace: str, name: str, state: Any) -> None:
+        self.core, self.namespace, self.name, self.state = core, namespace, name, state
+        self.head_uid: str | None = None
+        self.lost: list[str] = []
+        """The UID of each pod deleted."""
+        self.mttr: list[tuple[str, float]] = []
+        self.resumed: list[tuple[int | None, str | None]] = []
+        """(step, tier) of every restore seen after the first loss."""
+
+    def __call__(self, job: dict[str, Any]) -> None:
+        status = job.get("status") or {}
+        resumed = (status.get("checkpoints") or {}).get("resumedFrom") or {}
+        if self.lost and resumed.get("attempt") == 1:
+            seen = (resumed.get("step"), resumed.get("tier"))
+            if seen not in self.resumed:
+                self.resumed.append(seen)
+        count = len(self.lost)
+        committed = ((status.get("checkpoints") or {}).get("lastCommitted") or {}).get("step")
+        replacements = status.get("podReplacements") or []
+        ready = (
+            count < len(LOSSES_FOR_REPLACEMENT)
+            and status.get("phase") == "Running"
+            and not (replacements and not replacements[-1].get("replacementUid"))
+            and (committed or 0) >= 10 + 15 * count
+        )
+        uids = rayjobs.pod_uids(self.core, self.namespace, self.name)
+        head = f"{self.name}-a1-n0"
+        self.head_uid = self.head_uid or uids.get(head)
+        if not ready or uids.get(f"{self.name}-a1-n1") is None:
+            return
+        kind, grace = LOSSES_FOR_REPLACEMENT[count]
+        groups = (status.get("torchrun") or {}).get("inPlaceRestarts") or 0
+        self.lost.append(uids[f"{self.name}-a1-n1"])
+        lost_at = time.monotonic()
+        self.core.delete_namespaced_pod(
+            f"{self.name}-a1-n1", self.namespace, grace_period_seconds=grace
+        )
+        # Back to training: the first step rank 0 logs once the new worker group
+        # (with the replacement) is recorded; rank 0 may log a step or two of
+        # the old group before it notices the loss.
+        deadline = lost_at + RECOVERY_TIMEOUT
+        custom = client.CustomObjectsApi(self.core.api_client)
+        while True:
+            latest = demo.get_job(custom, self.namespace, self.name)
+            torchrun = (latest.get("status") or {}).get("torchrun") or {}
+            if (torchrun.get("inPlaceRestarts") or 0) > groups:
+                break
+            assert time.monotonic() < deadline, (
+                f"no new group {RECOVERY_TIMEOUT:.0f}s after the loss"
+            )
+            time.sleep(0.2)
+        lines = rayjobs.loss_lines(self.state, self.namespace, head)
+        while rayjobs.loss_lines(self.state, self.namespace, head) <= lines:
+            assert time.monotonic() < deadline, f"no step {RECOVERY_TIMEOUT:.0f}s after the loss"
+            time.sleep(rayjobs.POLL_SECONDS)
+        self.mttr.append((kind, time.monotonic() - lost_at))
+        demo.say(f"pod lost ({kind}): back to training in {self.mttr[-1][1]:.1f}s")
+
+
+def _loss_log(state_dir: pathlib.Path, namespace: str, pod: str) -> list[tuple[int, float]]:
+    """Every (step, loss) line rank 0 appended, re-runs included."""
+    import json
+
+    folder = rayjobs.out_dir(state_dir, namespace, pod)
+    assert folder is not None
+    lines = (folder / rayjobs.LOSSES).read_text().splitlines()
+    return [(json.loads(x)["step"], json.loads(x)["loss"]) for x in lines]
+
+
+@pytest.mark.timeout(900)
+def test_lost_pod_is_replaced_in_place(devcluster: Any, operator: Any) -> None:
+    """Rank 1's pod lost twice (deleted, then force-deleted): each time only it is
+    replaced, in attempt 1, and its rank restores from its peer's memory."""
+    setup = Setup(devcluster)
+    core, namespace, name, rows = setup.core, setup.namespace, setup.name, setup.rows
+    loser = PodLoser(core=core, namespace=namespace, name=name, state=devcluster.state_dir)
+    job = setup.run(loser)
+    status = job["status"]
+    assert status["phase"] == "Succeeded", status
+    assert len(loser.lost) == len(LOSSES_FOR_REPLACEMENT), loser.lost
+    # Only rank 1's pod was replaced: attempt 1 throughout, rank 0's pod kept.
+    assert (status["attempt"], status["restarts"]) == (1, 0), status
+    assert all(r.attempt in (None, 1) for r in rows), [r.line() for r in rows]
+    assert not any(r.phase == "Restarting" for r in rows), [r.line() for r in rows]
+    replaced = status["podReplacements"]
+    assert [r["rank"] for r in replaced] == [1, 1], replaced
+    assert replaced[0]["lostPodUid"] == loser.lost[0], replaced
+    # The force-deleted pod may be gone before the operator saw it ("").
+    assert replaced[1]["lostPodUid"] in (loser.lost[1], ""), replaced
+    assert replaced[0]["replacementUid"] == loser.lost[1], (replaced, loser.lost)
+    assert replaced[1]["replacementUid"] not in ("", *loser.lost), replaced
+    warnings = _events(core, namespace, name, "ReplacingPod")
+    assert len(warnings) == 2 and all(e.type == "Warning" for e in warnings), warnings
+    assert rayjobs.pod_uids(core, namespace, name).get(f"{name}-a1-n0") == loser.head_uid
+    # Each new worker group restored a committed step, rank 1's from its
+    # peer's memory replica (its own pod's memory went with the pod).
+    assert loser.resumed and all(tier == "peer" for _, tier in loser.resumed), loser.resumed
+    torchrun = status["torchrun"]
+    assert torchrun["inPlaceRestarts"] >= 2, torchrun
+    ckpts = status["checkpoints"]
+    assert ckpts["lastCommitted"]["step"] == STEPS and ckpts["lastUploaded"]["step"] == STEPS
+    # Rank 0's step log: every step trained, and a step trained again after a
+    # restore gave the very same loss (bit-identical state from the peer).
+    log = _loss_log(devcluster.state_dir, namespace, f"{name}-a1-n0")
+    first: dict[int, float] = {}
+    for step, loss in log:
+        assert first.setdefault(step, loss) == loss, (step, loss, first[step])
+    assert sorted(first) == list(range(1, STEPS + 1))
+    for kind, seconds in loser.mttr:
+        print(f"    pod lost ({kind}): back to training after {seconds:.1f}s")
     core.delete_namespace(namespace)

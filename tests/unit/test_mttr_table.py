@@ -41,9 +41,15 @@ def test_no_pod_level_row_leaves_the_ratio_empty() -> None:
 def test_every_kind_has_a_label_and_an_anchor() -> None:
     kinds = {*mttr.TORCHRUN_KINDS, *mttr.RAY_KINDS}
     assert kinds == set(mttr.LABELS)
-    assert {mttr.anchor(kind) for kind in mttr.TORCHRUN_KINDS} == {"pod"}
+    lost = {kind for kind, shape in mttr.TORCHRUN_KINDS.items() if shape.get("lose")}
+    assert lost == {"lost-gang", "lost-replace"}
+    assert {mttr.anchor(kind) for kind in lost} == {"lost-gang"}
+    assert {mttr.anchor(kind) for kind in set(mttr.TORCHRUN_KINDS) - lost} == {"pod"}
     assert {mttr.anchor(kind) for kind in mttr.RAY_KINDS} == {"ray-pod"}
-    assert {"pod", "ray-pod"} <= kinds  # every anchor is a kind the bench runs
+    assert {"pod", "lost-gang", "ray-pod"} <= kinds  # every anchor is a kind the bench runs
+    # The anchor of a pod loss restarts every pod; the replacement keeps the budget.
+    assert mttr.TORCHRUN_KINDS["lost-gang"]["in_place"] == 0
+    assert mttr.TORCHRUN_KINDS["lost-replace"]["in_place"] > 0
 
 
 def test_last_tier() -> None:

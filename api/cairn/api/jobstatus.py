@@ -336,20 +336,42 @@ class RayStatus(_StatusModel):
 
 class TorchrunStatus(RayStatus):
     """Runtime ``torchrun``: the worker group torchrun's elastic agents run, in the
-    same vocabulary as ``ray``: rank 0 of a restarted group (``group`` is its
-    ``TORCHELASTIC_RESTART_COUNT``) bumps ``group`` and ``inPlaceRestarts`` before
-    it commits; the operator resets ``group`` to 0 on a new attempt and posts the
+    same vocabulary as ``ray``: rank 0 of a restarted group (``group`` is the
+    generation every rank agreed on, ``cairn.checkpoint.torchrun_group.agreed``)
+    bumps ``group`` and ``inPlaceRestarts`` before it commits; the operator resets ``group`` to 0 on a new attempt and posts the
     ``InPlaceRestart`` Event."""
 
     group: int | None = pydantic.Field(
         default=None,
         ge=0,
-        description="The worker group within the current attempt (TORCHELASTIC_RESTART_COUNT "
-        "of rank 0; the operator sets 0 on a new attempt, rank 0 of a restarted group bumps it "
-        "before it commits).",
+        description="The worker group's generation within the current attempt (agreed by "
+        "every rank, never repeated, also after a pod was replaced; the operator sets 0 on a "
+        "new attempt, rank 0 of a restarted group bumps it before it commits).",
     )
     in_place_restarts: int | None = pydantic.Field(
         default=None, ge=0, description="In-place restarts over the job's life (rank 0's)."
+    )
+
+
+class PodReplacement(_StatusModel):
+    """Runtime torchrun with in-place restarts: one lost pod the operator replaced
+    within the attempt (operator-owned; docs/operator.md, "A lost pod replaced in
+    place")."""
+
+    rank: int = pydantic.Field(ge=0, description="The node rank whose pod was lost.")
+    lost_pod_uid: str = pydantic.Field(
+        default="",
+        max_length=64,
+        description="The lost pod's UID (empty: it was gone before the operator saw it).",
+    )
+    replacement_uid: str = pydantic.Field(
+        default="",
+        max_length=64,
+        description="The replacement pod's UID, once seen (empty: not created or not seen yet).",
+    )
+    time: datetime.datetime = pydantic.Field(description="When the loss was seen.")
+    reason: str = pydantic.Field(
+        default="", max_length=1024, description="Why the pod was lost (deleted, evicted, …)."
     )
 
 
@@ -432,6 +454,12 @@ class TrainingJobStatus(_StatusModel):
     resume_applied: ResumeApplied | None = pydantic.Field(
         default=None,
         description="The explicit spec.checkpoint.resume already handed to an attempt.",
+    )
+    pod_replacements: list[PodReplacement] | None = pydantic.Field(
+        default=None,
+        max_length=1000,
+        description="Runtime torchrun with maxInPlaceRestarts: the lost pods of the current "
+        "attempt replaced in place (each one of maxInPlaceRestarts; cleared on a new attempt).",
     )
     conditions: list[Condition] | None = pydantic.Field(
         default=None,

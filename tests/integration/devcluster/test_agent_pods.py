@@ -5,13 +5,19 @@ provisioning through the default StorageClass) and the projected
 ServiceAccount token all work in a pod that runs to Succeeded, with its exit
 code and logs visible through the API; a pod exiting 1 with
 restartPolicy OnFailure is restarted; deleting a running pod delivers
-SIGTERM, waits the grace period, then SIGKILL; the scheduler places by
+SIGTERM, waits the grace period, then SIGKILL; a child that ignores SIGTERM
+dies with its container's main process, whether the pod completed or was
+deleted (a warm launcher's fork server used to outlive its pod); the scheduler places by
 extended resources and nodeSelector (an unsatisfiable GPU request stays
 Pending).
 """
 
 import base64
+import functools
 import json
+import os
+import pathlib
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -214,6 +220,71 @@ def test_delete_sends_sigterm_then_sigkill(devcluster: Any, namespace: str, tmp_
     assert term_at >= deleted_at - 1
     # It ignored SIGTERM, so only SIGKILL after the 3 s grace period ended it.
     assert gone_at - term_at >= 2.5
+
+
+ORPHAN_MAKER = """
+import os, pathlib, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, '-c',
+    'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])
+pathlib.Path('/out/%s' % os.environ['POD_NAME']).write_text(str(child.pid))
+print('ready', flush=True)
+if os.environ.get('WAIT'):
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the parent obeys, the child not
+    time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    return not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_containers_leftover_processes_die_with_it(
+    devcluster: Any, namespace: str, tmp_path: Any
+) -> None:
+    core = devcluster.core
+    out = tmp_path / "out"
+    out.mkdir()
+    mounts = {"volumeMounts": [{"name": "out", "mountPath": "/out"}]}
+    volumes = [{"name": "out", "hostPath": {"path": str(out)}}]
+    env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    for name, wait in (("completes", ""), ("deleted", "1")):
+        container = {**mounts, "env": [*env, {"name": "WAIT", "value": wait}]}
+        pod = kh.python_pod(name, ORPHAN_MAKER, grace=3, container=container, volumes=volumes)
+        core.create_namespaced_pod(namespace, pod)
+    kh.wait_for(
+        lambda: kh.pod_phase(core, "completes", namespace) == "Succeeded",
+        timeout=60,
+        what="the completing pod to succeed",
+    )
+    kh.wait_for(
+        lambda: "ready" in kh.pod_log(core, "deleted", namespace),
+        timeout=60,
+        what="the other pod to run",
+    )
+    core.delete_namespaced_pod("deleted", namespace)
+    kh.wait_for(
+        lambda: kh.pod_phase(core, "deleted", namespace) is None,
+        timeout=60,
+        what="the deleted pod to be removed",
+    )
+    children = [int((out / name).read_text()) for name in ("completes", "deleted")]
+    try:
+        for name, child in zip(("completes", "deleted"), children, strict=True):
+            kh.wait_for(
+                functools.partial(_gone, child), timeout=10, what=f"{name}'s child to be gone"
+            )
+    finally:  # a failure here must not leave the children behind
+        for child in children:
+            if _alive(child):
+                os.kill(child, signal.SIGKILL)
 
 
 def test_scheduler_honours_extended_resources(devcluster: Any, namespace: str) -> None:

@@ -6,8 +6,11 @@ refuses a stale torchrun group at our attempt only, and reads status.ray for
 Ray jobs only; the status.torchrun patch bumps group and inPlaceRestarts (by one per
 recorded group, however far the sum moved),
 never for an older or equal group or another attempt; every rank agrees on
-the group (the sum of every node's restart count), gathered only when
-torchrun may restart.
+the group (gathered only when torchrun may restart): the sum of every
+node's restart count for the attempt's first group, the same number for
+another manager of the running group (same pods, same counts), and one
+above the newest recorded group for a new one, also when a replaced pod's
+agent counts from 0 again (the generation never repeats).
 """
 
 import datetime
@@ -129,12 +132,103 @@ def _restarted(count: int, *, max_restarts: int = 2, **env: str) -> dict[str, st
     }
 
 
-def test_the_group_is_the_sum_of_every_nodes_restarts(tmp_path: Any) -> None:
-    # Node 1's worker died twice, node 0's once: group 3 on every rank.
+def test_the_first_group_is_the_sum_of_every_nodes_restarts(tmp_path: Any) -> None:
+    # No rank has a fence record of this attempt: node 1's worker died twice,
+    # node 0's once, so group 3 on every rank.
     opts = options.CheckpointOptions(directory=tmp_path, attempt=1)
     peers = _Peers([2, "garbled"])  # type: ignore[list-item]
-    got = wiring.with_torchrun_group(opts, coordinator=peers, environ=_restarted(1))  # type: ignore[arg-type]
-    assert got.group == 3 and peers.published == [{"restarts": 1}]
+    env = _restarted(1, CAIRN_POD_UID="pod-a")
+    got = wiring.with_torchrun_group(opts, coordinator=peers, environ=env)  # type: ignore[arg-type]
+    assert got.group == 3
+    assert peers.published == [
+        {"restarts": 1, "pod": "pod-a", "fenced": None, "fencedMembers": None}
+    ]
+    assert got.group_members == torchrun_group.members(peers.gather("", timeout=1))
+
+
+def _report(
+    restarts: int, pod: str, fenced: int | None, fenced_members: str | None
+) -> dict[str, Any]:
+    return {"restarts": restarts, "pod": pod, "fenced": fenced, "fencedMembers": fenced_members}
+
+
+def test_another_manager_of_the_running_group_keeps_its_number() -> None:
+    # A second manager in the same worker processes: same pods, same counts,
+    # and every rank's fence file names that group and those members.
+    who = torchrun_group.members([_report(1, "a", None, None), _report(2, "b", None, None)])
+    reports = [_report(1, "a", 5, who), _report(2, "b", 5, who)]
+    assert torchrun_group.agreed(reports) == (5, who)
+
+
+def test_an_in_place_restart_is_one_above_the_newest_recorded_group() -> None:
+    old = torchrun_group.members([_report(0, "a", None, None), _report(1, "b", None, None)])
+    reports = [_report(0, "a", 4, old), _report(2, "b", 4, old)]  # node b's worker died again
+    group, who = torchrun_group.agreed(reports)
+    assert group == 5 and who != old
+
+
+def test_a_replaced_pod_never_repeats_an_older_group() -> None:
+    # Node b's agent counted 3 failures (group 3); its pod was lost and replaced
+    # in place: the new agent counts from 0 and its volume has no fence file, so
+    # the sum (1) went backwards. The group must still be newer than 3.
+    old = torchrun_group.members([_report(0, "a", None, None), _report(3, "b", None, None)])
+    reports = [_report(1, "a", 3, old), _report(0, "b2", None, None)]
+    assert torchrun_group.agreed(reports)[0] == 4
+
+
+def test_the_same_counts_in_a_new_pod_are_a_new_group() -> None:
+    # Even when the counts add up as before (node a counted one more failure,
+    # the replaced b's agent one less), the new pod's UID makes it a new group.
+    old = torchrun_group.members([_report(0, "a", None, None), _report(1, "b", None, None)])
+    reports = [_report(1, "a", 2, old), _report(0, "b2", 2, old)]  # a shared volume's file
+    assert torchrun_group.agreed(reports)[0] == 3
+
+
+def test_disagreeing_records_are_a_new_group() -> None:
+    # Rank 1 died before its manager raised its fence for group 2: the ranks'
+    # records differ, so this is a new group above both.
+    who = torchrun_group.members([_report(0, "a", None, None), _report(1, "b", None, None)])
+    reports = [_report(0, "a", 2, who), _report(1, "b", 1, who)]
+    assert torchrun_group.agreed(reports)[0] == 3
+
+
+def test_the_fence_file_carries_the_members_to_the_next_manager(tmp_path: Any) -> None:
+    # Real fence files: the first manager of a group raises the fence with its
+    # members; a second manager of the same processes reads it back and keeps
+    # the group; a peer in a new pod makes the next manager a new group.
+    opts = options.CheckpointOptions(directory=tmp_path, attempt=1, job_uid=UID)
+    env = _restarted(1, CAIRN_POD_UID="a")
+    first = wiring.with_torchrun_group(opts, coordinator=_Peers([0]), environ=env)  # type: ignore[arg-type]
+    assert first.group == 1
+    fence.raise_local(
+        tmp_path, job_uid=UID, attempt=1, group=first.group, members=first.group_members
+    )
+    assert fence.read_record(tmp_path) == fence.FenceRecord(
+        job_uid=UID, attempt=1, group=1, members=first.group_members
+    )
+
+    class _Same(_Peers):
+        def gather(self, key: str, *, timeout: float) -> list[dict[str, Any]]:
+            mine = self.published[0]
+            return [mine, {**mine, "restarts": 0, "pod": ""}]
+
+    again = wiring.with_torchrun_group(opts, coordinator=_Same([0]), environ=env)  # type: ignore[arg-type]
+    assert (again.group, again.group_members) == (first.group, first.group_members)
+
+    class _Replaced(_Peers):
+        def gather(self, key: str, *, timeout: float) -> list[dict[str, Any]]:
+            return [self.published[0], _report(0, "b2", None, None)]
+
+    later = wiring.with_torchrun_group(opts, coordinator=_Replaced([0]), environ=env)  # type: ignore[arg-type]
+    assert later.group == 2
+
+
+def test_another_attempts_fence_record_is_not_this_attempts(tmp_path: Any) -> None:
+    fence.raise_local(tmp_path, job_uid=UID, attempt=1, group=7, members="x")
+    opts = options.CheckpointOptions(directory=tmp_path, attempt=2, job_uid=UID)
+    peers = _Peers([0])
+    got = wiring.with_torchrun_group(opts, coordinator=peers, environ=_restarted(0))  # type: ignore[arg-type]
+    assert got.group == 0 and peers.published[0]["fenced"] is None
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,7 @@ def test_pod_with_pvc_upload_overlay_and_user_env() -> None:
             ]
         ),
         {"name": "CAIRN_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "CAIRN_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
         *_env(
             [
                 ("CAIRN_NODE_RANK", "0"),

@@ -78,7 +78,11 @@ def test_a_budget_switches_to_c10d_rendezvous_hosted_by_rank_0() -> None:
         )
         assert env[podenv.PET_RDZV_ID] == f"{job.metadata.uid}-a3"
         assert podenv.PET_MASTER_ADDR not in env and podenv.PET_MASTER_PORT not in env
-    assert (head[podenv.PET_RDZV_CONF], worker[podenv.PET_RDZV_CONF]) == ("is_host=1", "is_host=0")
+    beats = "keep_alive_interval=1,keep_alive_max_attempt=5"
+    assert (head[podenv.PET_RDZV_CONF], worker[podenv.PET_RDZV_CONF]) == (
+        f"is_host=1,{beats}",
+        f"is_host=0,{beats}",
+    )
 
 
 def test_group_is_reset_on_a_new_attempt_only_when_recorded() -> None:

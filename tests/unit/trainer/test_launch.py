@@ -174,12 +174,12 @@ class _Agent:
     """The two methods of torch's LocalElasticAgent the launcher wraps, recording."""
 
     def __init__(self) -> None:
-        self.stops: list[tuple[int, int]] = []
+        self.stops: list[tuple[int, float]] = []
 
     def _restart_workers(self, worker_group: object) -> None:
         self._shutdown()  # torch: _stop_workers -> _shutdown(), then a new rendezvous
 
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: float = 30) -> None:
         self.stops.append((death_sig, timeout))
 
 
@@ -205,3 +205,40 @@ def test_the_launcher_wraps_torchs_agent() -> None:
 
     agent_class = type("Agent", (local_elastic_agent.LocalElasticAgent,), {})
     assert launch.stop_quickly_on_restart(agent_class)
+
+
+class _State:
+    def __init__(self, wait: set[str], redundant: set[str]) -> None:
+        self.wait_list, self.redundancy_list = wait, redundant
+
+
+class _Handler:
+    """torch's DynamicRendezvousHandler as far as the launcher reads it."""
+
+    def __init__(self, state: _State) -> None:
+        self._state_holder = type("Holder", (), {"state": state})()
+
+    def num_nodes_waiting(self) -> int:
+        return len(self._state_holder.state.wait_list)
+
+
+def test_a_replacement_on_the_redundancy_list_counts_as_waiting() -> None:
+    # The round still lists the lost node, so the replaced pod's agent is
+    # "redundant": the survivors restart now, not when the lost node expires.
+    handler_class = type("Handler", (_Handler,), {})
+    assert launch.replacement_counts_as_waiting(handler_class)
+    assert launch.replacement_counts_as_waiting(handler_class)  # wrapped once
+    assert handler_class(_State(set(), set())).num_nodes_waiting() == 0
+    assert handler_class(_State({"a"}, set())).num_nodes_waiting() == 1
+    assert handler_class(_State(set(), {"n1-new"})).num_nodes_waiting() == 1
+    assert not launch.replacement_counts_as_waiting(type("Bare", (), {}))
+
+
+def test_the_launcher_wraps_torchs_c10d_handler() -> None:
+    """The method and the state's lists exist in the locked torch."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    state = dynamic_rendezvous._RendezvousState()
+    assert isinstance(state.wait_list, set) and isinstance(state.redundancy_list, set)
+    handler_class = type("Handler", (dynamic_rendezvous.DynamicRendezvousHandler,), {})
+    assert launch.replacement_counts_as_waiting(handler_class)

@@ -79,6 +79,9 @@ class FenceRecord:
     job_uid: str | None
     attempt: int
     group: int = 0
+    members: str | None = None
+    """Runtime torchrun: who ran `group` (`torchrun_group.members`: each rank's pod
+    and restart count), so a later manager can tell the same group from a new one."""
 
 
 def read_record(root: pathlib.Path) -> FenceRecord | None:
@@ -99,10 +102,12 @@ def read_record(root: pathlib.Path) -> FenceRecord | None:
     if isinstance(doc, dict) and isinstance(doc.get("attempt"), int):
         uid = doc.get("job_uid")
         group = doc.get("group", 0)
+        members = doc.get("members")
         return FenceRecord(
             job_uid=uid if isinstance(uid, str) else None,
             attempt=doc["attempt"],
             group=group if isinstance(group, int) and not isinstance(group, bool) else 0,
+            members=members if isinstance(members, str) else None,
         )
     raise errors.CheckpointError(f"{path}: unexpected content {raw[:100]!r}")
 
@@ -125,10 +130,18 @@ def stale_reason(
     return None
 
 
-def raise_local(root: pathlib.Path, *, job_uid: str | None, attempt: int, group: int = 0) -> None:
+def raise_local(
+    root: pathlib.Path,
+    *,
+    job_uid: str | None,
+    attempt: int,
+    group: int = 0,
+    members: str | None = None,
+) -> None:
     """Record that (`attempt`, `group`) of `job_uid` started; refuses if a newer one of ours did.
 
     A record of another job is replaced: a re-created job starts cleanly.
+    `members` (runtime torchrun) is kept with the record.
     """
     current = read_record(root)
     other_job = (
@@ -143,13 +156,16 @@ def raise_local(root: pathlib.Path, *, job_uid: str | None, attempt: int, group:
                 f"attempt {attempt} group {group} started after newer attempt "
                 f"{current.attempt} group {current.group} (fenced)"
             )
-        if (current.attempt, current.group) == (attempt, group) and current.job_uid == job_uid:
+        same = (current.attempt, current.group, current.members) == (attempt, group, members)
+        if same and current.job_uid == job_uid:
             return
     tmp = root / f"{FENCE_NAME}.tmp-{os.getpid()}"
     with tmp.open("w") as stream:
         record: dict[str, typing.Any] = {"job_uid": job_uid, "attempt": attempt}
         if group:
             record["group"] = group  # group 0 keeps torchrun's record
+        if members is not None:
+            record["members"] = members
         stream.write(json.dumps(record) + "\n")
         stream.flush()
         os.fsync(stream.fileno())

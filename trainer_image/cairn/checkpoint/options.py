@@ -95,6 +95,9 @@ class CheckpointOptions:
     pod env of the rank actors `CAIRN_RAY_GROUP`), or of torchrun's worker group
     (`TORCHELASTIC_RESTART_COUNT`, `status.torchrun.group`). A writer's
     identity is (attempt, group): an in-place restart fences the old group."""
+    group_members: str | None = None
+    """Runtime torchrun: who runs `group` (`torchrun_group.members`), kept in the
+    fence file so the next manager tells this group from a new one."""
     job_uid: str | None = None
     """UID of the TrainingJob (pod env CAIRN_JOB_UID). Recorded in manifests, the
     fence and folder names; steps of another UID are foreign (kept, never

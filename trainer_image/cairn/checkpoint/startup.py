@@ -88,11 +88,12 @@ def prepare(
     rank: int,
     callbacks: typing.Sequence[events.ProgressCallback],
     group: int = 0,
+    members: str | None = None,
     keyring: manifest_mod.Keyring | None = None,
 ) -> Survey:
     """Fence, classify and clean one volume (see module docstring)."""
     root.mkdir(parents=True, exist_ok=True)
-    fence_mod.raise_local(root, job_uid=job_uid, attempt=attempt, group=group)
+    fence_mod.raise_local(root, job_uid=job_uid, attempt=attempt, group=group, members=members)
     result = survey(observe(root, job_uid=job_uid, keyring=keyring), attempt=attempt)
     for item in result.delete:
         log.info("removing abandoned partial of this job: %s", item.folder)

@@ -103,6 +103,7 @@ def prepare(volumes: Volumes) -> None:
         rank=volumes.rank,
         callbacks=volumes.callbacks,
         group=opts.group,
+        members=opts.group_members,
         keyring=opts.manifest_keyring,
     )
     lineage.finish_pending(volumes.lineage_volume(), callbacks=volumes.callbacks)

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 
 import torch.distributed as dist
 
+from cairn.api import podenv
 from cairn.checkpoint import coordinator as coordinator_mod
 from cairn.checkpoint import errors, monitor, options, status_feed, torchrun_group
 from cairn.checkpoint import fence as fence_mod
@@ -49,21 +50,46 @@ def with_torchrun_group(
     """`opts` with the worker group every rank agrees on (torchrun in-place restarts).
 
     Under c10d rendezvous each node's agent counts only the restarts its own
-    workers' failures caused (a node restarted for a peer's failure keeps its
-    count), so TORCHELASTIC_RESTART_COUNT differs between nodes. The sum over
-    all ranks grows with every failure-driven restart, is the same on every
-    rank and is 0 for the first group. Skipped (no store round trip) unless
-    torchrun may restart (TORCHELASTIC_MAX_RESTARTS > 0) and no Ray group is set."""
+    workers' failures caused, and a replaced pod's agent counts from 0 again,
+    so the generation comes from one gather of every rank's count, pod and
+    fence record (`torchrun_group.agreed`): the same group for another
+    manager of it, else one above the newest group any rank's fence file
+    recorded for this attempt (0 for the attempt's first). Skipped (no store
+    round trip) unless torchrun may restart (TORCHELASTIC_MAX_RESTARTS > 0)
+    and no Ray group is set."""
     env = os.environ if environ is None else environ
     if env.get(monitor.GROUP_ENV) or not _int(env.get("TORCHELASTIC_MAX_RESTARTS")):
         return opts
     own = torchrun_group.group_from_env(env)
     if coordinator.world_size <= 1:
         return dataclasses.replace(opts, group=own)
-    coordinator.publish(GROUP_KEY, {"restarts": own})
+    record = _fence_record(opts)
+    coordinator.publish(
+        GROUP_KEY,
+        {
+            "restarts": own,
+            "pod": env.get(podenv.POD_UID, ""),
+            "fenced": None if record is None else record.group,
+            "fencedMembers": None if record is None else record.members,
+        },
+    )
     reports = coordinator.gather(GROUP_KEY, timeout=GROUP_TIMEOUT_SECONDS)
-    total = sum(max(_int(r.get("restarts")), 0) for r in reports)
-    return dataclasses.replace(opts, group=total)
+    group, members = torchrun_group.agreed(reports)
+    return dataclasses.replace(opts, group=group, group_members=members)
+
+
+def _fence_record(opts: options.CheckpointOptions) -> fence_mod.FenceRecord | None:
+    """This attempt's record in this rank's fence file (None: none, another
+    attempt's or job's, or unreadable: startup reports that one)."""
+    try:
+        record = fence_mod.read_record(opts.directory)
+    except errors.CheckpointError:
+        return None
+    if record is None or record.attempt != opts.attempt:
+        return None
+    if record.job_uid is not None and opts.job_uid is not None and record.job_uid != opts.job_uid:
+        return None
+    return record
 
 
 GROUP_KEY = "torchrun-group"

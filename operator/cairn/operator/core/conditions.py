@@ -78,6 +78,7 @@ REASON_PODS_STARTING = "PodsStarting"
 REASON_RUNNING = "Running"
 REASON_RANK_FAILED = "RankFailed"
 REASON_PREEMPTED = "Preempted"
+REASON_REPLACING_POD = "ReplacingPod"
 REASON_BACKOFF = "BackoffWaiting"
 REASON_TEARING_DOWN = "TearingDown"
 REASON_SUSPENDING = "Suspending"
@@ -128,6 +129,15 @@ MSG_PODS_STARTING = "attempt {attempt}: {running}/{nodes} pod(s) running"
 MSG_RUNNING = "attempt {attempt}: all {nodes} pod(s) running"
 MSG_RANK_FAILED = "attempt {attempt}: rank {rank} exited with code {code}{detail}"
 MSG_PREEMPTED = "attempt {attempt}: rank {rank} lost ({why}); not counted against maxRestarts"
+MSG_REPLACING_POD = (
+    "attempt {attempt}: replacing the pod of rank(s) {ranks} in place ({why}); the other "
+    "pods keep running; {used} of maxInPlaceRestarts={budget} replacement(s) this attempt"
+)
+MSG_POD_LOST = (
+    "attempt {attempt}: rank {rank} lost ({why}); its pod is replaced in place, the other "
+    "pods keep running ({used} of maxInPlaceRestarts={budget} this attempt)"
+)
+MSG_REPLACEMENT_LATE = "its replacement did not run within {seconds}s"
 MSG_BACKOFF = "{failure}; attempt {next} starts in {seconds}s"
 MSG_TEARING_DOWN = "{failure}; waiting for {count} pod(s) of attempt {attempt} to stop"
 MSG_SUSPENDING = "waiting for {count} pod(s) to write a final checkpoint and stop"

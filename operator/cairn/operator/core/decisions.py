@@ -64,6 +64,8 @@ class Decision:
     """When status.step last changed (or the attempt started): progressDeadlineSeconds."""
     staleness: deadlines.Staleness | None = None
     """Running only: how far from CheckpointStale (``status`` writes the condition)."""
+    pod_replacements: tuple[jobstatus.PodReplacement, ...] | None = None
+    """The new ``status.podReplacements`` (``replaceplan``; None: leave it as it is)."""
 
 
 def failure_of(status: jobstatus.TrainingJobStatus) -> Failure | None:

@@ -26,6 +26,7 @@ from cairn.operator.core import (
     lifecycle,
     podowner,
     raystatus,
+    replaceplan,
     status,
 )
 from cairn.operator.core import conditions as cond
@@ -165,7 +166,7 @@ def plan(
         ray_patch = raystatus.patch(valid, attempt=decision.attempt, new_attempt=new_attempt)
         if ray_patch is not None:
             patch[raystatus.status_key(valid)] = ray_patch  # type: ignore[literal-required]
-        ray_events = raystatus.events(valid)
+        ray_events = raystatus.events(valid) + replaceplan.events(valid, decision)
     return Plan(
         status=patch if _status_changed(job.status, patch) else None,
         deletes=_deletes(job.metadata, decision),

@@ -288,3 +288,4 @@ class StatusPatch(TypedDict, total=False):
     ray: RayStatusPatch
     torchrun: RayStatusPatch
     resumeApplied: dict[str, Any]
+    podReplacements: list[dict[str, Any]] | None

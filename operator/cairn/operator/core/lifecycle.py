@@ -11,14 +11,16 @@ Pure. This is where the phase is computed, in one place (``decide``):
 seen yet (noop, requeue); suspended or held by Kueue (``suspension``); past
 ``activeDeadlineSeconds`` (``deadlines``: Failed); not started or resuming
 (``suspension.resume``); restarting (``restartpolicy.restarting``); else the
-attempt is active (``_active``): its root cause if it failed
+attempt is active (``_active``): a lost pod replaced in place
+(``replaceplan``: runtime torchrun with in-place restarts), else its root cause if it failed
 (``diagnosis.judge`` -> ``restartpolicy.after_failure``), Succeeded,
 Running (``_running``: progress deadline, staleness) or Starting
 (``_starting``: creates, ``PodsNotStarting``, ``NameConflict``, the startup
 deadline). Each policy lives in its own module; ``decisions`` holds the value
 and the builders they share.
 
-Gang semantics: a failed or lost rank fails the whole attempt; the operator
+Gang semantics: a failed or lost rank fails the whole attempt (except a lost
+pod ``replaceplan`` replaces in place); the operator
 records the failure in status *before* it deletes the other ranks (so a crash
 between the two cannot lose or double-count it), waits for the attempt's pods
 to stop and for the backoff, then starts attempt N+1, which resumes from the
@@ -40,6 +42,7 @@ from cairn.operator.core import (
     diagnosis,
     jobobserve,
     kueueplan,
+    replaceplan,
     restartpolicy,
     resumeplan,
     suspension,
@@ -84,11 +87,31 @@ def _active(
     now: datetime.datetime,
 ) -> decisions.Decision:
     pods = observed.pods_of(base.attempt)
-    nodes = job.spec.nodes
     old = tuple(p for p in observed.pods if p.attempt != base.attempt)
     cleanup = decisions.deletable(decisions.live_pods(old)) + decisions.finished_pods(
         job, old, keep_attempt=base.attempt
     )
+    replaced = replaceplan.replacing(job, observed, base, cleanup=cleanup, now=now)
+    if replaced is not None:
+        return replaced
+    decision = _attempt(job, observed, base, cleanup=cleanup, now=now)
+    seen = replaceplan.settle(job, pods)
+    if seen is not None and decision.attempt == base.attempt:
+        decision = dataclasses.replace(decision, pod_replacements=seen)
+    return decision
+
+
+def _attempt(
+    job: trainingjob.TrainingJob,
+    observed: jobobserve.Observed,
+    base: decisions.Base,
+    *,
+    cleanup: tuple[jobobserve.ObservedPod, ...],
+    now: datetime.datetime,
+) -> decisions.Decision:
+    """The active attempt, no pod being replaced: failed, Succeeded, Running or Starting."""
+    pods = observed.pods_of(base.attempt)
+    nodes = job.spec.nodes
     by_rank = {p.rank: p for p in pods}
     head_done = diagnosis.ray_head_succeeded(job, pods)
     failure = None if head_done else diagnosis.judge(job, observed, base, now=now)

@@ -243,6 +243,13 @@ def patch(
             now=now,
         ),
     }
+    if decision.pod_replacements is not None:
+        out["podReplacements"] = [
+            r.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for r in decision.pod_replacements
+        ] or None
+    elif previous.pod_replacements and decision.attempt != (previous.attempt or 0):
+        out["podReplacements"] = None  # a new attempt: its pods are all new
     if decision.resume_applied is not None:
         out["resumeApplied"] = decision.resume_applied.model_dump(
             mode="json", by_alias=True, exclude_none=True
