@@ -123,6 +123,13 @@ def test_the_operator_deletes_a_lost_pod_nobody_deletes(
     assert len(job.status.pod_replacements or ()) == 1
 
 
+def test_a_long_eviction_message_is_clipped_in_the_record() -> None:
+    evicted = jobs.pod(1, 1, "Failed", pod_reason="Evicted", pod_message="x" * 5000)
+    _, job = _run(_running(), jobs.pod(1, 0), evicted, t=10)
+    records = job.status.pod_replacements or ()
+    assert len(records) == 1 and len(records[0].reason) == replaceplan.REASON_MAX
+
+
 def test_reconciles_in_between_add_nothing() -> None:
     job = _running()
     _, job = _run(job, jobs.pod(1, 0), jobs.pod(1, 1, deleting=True), t=10)

@@ -49,6 +49,10 @@ survivors' agents wait in the rendezvous meanwhile (torch's join timeout is
 600 s), so past this the attempt ends rather than waiting on."""
 
 EVENT_REASON = cond.REASON_REPLACING_POD
+REASON_MAX = 1024
+UID_MAX = 64
+"""The record's limits (``jobstatus.PodReplacement``, the CRD): a kubelet's
+eviction message is clipped, never a refused status patch."""
 
 
 def enabled(job: trainingjob.TrainingJob) -> bool:
@@ -165,7 +169,10 @@ def replacing(
         return None  # rank 0's agent hosts the rendezvous: the attempt ends
     new = [
         jobstatus.PodReplacement(
-            rank=rank, lost_pod_uid=pod.uid if pod is not None else "", time=now, reason=why
+            rank=rank,
+            lost_pod_uid=(pod.uid if pod is not None else "")[:UID_MAX],
+            time=now,
+            reason=why[:REASON_MAX],
         )
         for rank, (pod, why) in sorted(lost.items())
         if not _covered(records, rank, pod)
