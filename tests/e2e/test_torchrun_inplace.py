@@ -262,6 +262,9 @@ class PodLoser:
         self.mttr: list[tuple[str, float]] = []
         self.resumed: list[tuple[int | None, str | None]] = []
         """(step, tier) of every restore seen after the first loss."""
+        self.eligible_polls = 0
+        self.owed_at_loss: bool | None = None
+        """Whether status showed a committed step not yet uploaded at the force delete."""
 
     def __call__(self, job: dict[str, Any]) -> None:
         status = job.get("status") or {}
@@ -284,6 +287,16 @@ class PodLoser:
         self.head_uid = self.head_uid or uids.get(head)
         if not ready or uids.get(f"{self.name}-a1-n1") is None:
             return
+        # The force delete prefers a moment when a committed step is not uploaded
+        # yet (what a CI run hit: that step can never be uploaded any more, see
+        # volume_init.retire_orphans), waiting for it at most 8 polls (4 s).
+        uploaded = ((status.get("checkpoints") or {}).get("lastUploaded") or {}).get("step")
+        self.eligible_polls += 1
+        if count == 1 and (uploaded or 0) >= (committed or 0) and self.eligible_polls < 8:
+            return
+        self.eligible_polls = 0
+        if count == 1:
+            self.owed_at_loss = (committed or 0) > (uploaded or 0)
         kind, grace = LOSSES_FOR_REPLACEMENT[count]
         groups = (status.get("torchrun") or {}).get("inPlaceRestarts") or 0
         self.lost.append(uids[f"{self.name}-a1-n1"])
@@ -364,4 +377,5 @@ def test_lost_pod_is_replaced_in_place(devcluster: Any, operator: Any) -> None:
     assert sorted(first) == list(range(1, STEPS + 1))
     for kind, seconds in loser.mttr:
         print(f"    pod lost ({kind}): back to training after {seconds:.1f}s")
+    print(f"    a committed step was owed an upload at the force delete: {loser.owed_at_loss}")
     core.delete_namespace(namespace)

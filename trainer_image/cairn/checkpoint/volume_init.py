@@ -6,19 +6,41 @@ lineage branch finished: `lineage.finish_pending`; rotation), then tells the
 other ranks the outcome. On node-local volumes (emptyDir per pod) every
 rank then prepares its own. A failure on rank 0 reaches every rank as a
 CheckpointError naming it, so no rank trains on an unprepared volume.
+
+On node-local volumes the ranks then say which committed steps they hold
+(one gather): a step rank 0 still owes S3 that another rank's volume no
+longer has (its pod was replaced in place, docs/operator.md, "A lost pod
+replaced in place") can never be uploaded, since every rank uploads its own
+files. Rank 0 marks its copy local-only (`retire_orphans`): never planned
+again, rotated like an uploaded step. Without this the new rank waited
+for its copy of that step (up to `timeout_seconds`) in every upload round,
+and newer steps behind it, the final one included, were never uploaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 
 from cairn.api import s3owner
 from cairn.checkpoint import coordinator as coordinator_mod
-from cairn.checkpoint import errors, events, lineage, options, remote, rotation, startup
+from cairn.checkpoint import (
+    errors,
+    events,
+    layout,
+    lineage,
+    options,
+    remote,
+    rotation,
+    startup,
+    upload_backlog,
+)
 
 if typing.TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,13 +99,60 @@ def init(volumes: Volumes, *, coordinator: coordinator_mod.Coordinator) -> None:
             coordinator.broadcast("init", {"error": repr(exc)})
             raise
         coordinator.broadcast("init", {"ok": True})
-        return
-    result = coordinator.wait_for("init", timeout=opts.timeout_seconds)
-    if result.get("error"):
-        raise errors.CheckpointError(f"checkpoint root init failed: {result['error']}")
-    if rotation.rotates_here(rank=volumes.rank, shared=volumes.shared):
-        # Node-local volume: this rank's own volume is its to prepare.
-        prepare(volumes)
+    else:
+        result = coordinator.wait_for("init", timeout=opts.timeout_seconds)
+        if result.get("error"):
+            raise errors.CheckpointError(f"checkpoint root init failed: {result['error']}")
+        if rotation.rotates_here(rank=volumes.rank, shared=volumes.shared):
+            # Node-local volume: this rank's own volume is its to prepare.
+            prepare(volumes)
+    if not volumes.shared and coordinator.world_size > 1:
+        retire_orphans(volumes, coordinator=coordinator)
+
+
+HELD_KEY = "held-steps"
+
+
+def orphans(pending: typing.Sequence[int], held: typing.Sequence[typing.Any]) -> list[int]:
+    """The steps rank 0 owes S3 that some rank does not hold (`held`: every
+    rank's report, ``{"steps": [...]}``; anything malformed holds nothing). Pure."""
+
+    def steps(report: typing.Any) -> set[int]:
+        found = report.get("steps") if isinstance(report, dict) else None
+        if not isinstance(found, list):
+            return set()
+        return {s for s in found if isinstance(s, int) and not isinstance(s, bool)}
+
+    everywhere = set.intersection(*(steps(r) for r in held)) if held else set()
+    return sorted(s for s in pending if s not in everywhere)
+
+
+def retire_orphans(volumes: Volumes, *, coordinator: coordinator_mod.Coordinator) -> list[int]:
+    """Collective on node-local volumes: every rank reports its committed steps;
+    rank 0 marks the steps it owes S3 that some rank lacks local-only (see the
+    module docstring). Returns the steps retired (rank 0; [] elsewhere)."""
+    opts = volumes.opts
+    mine = layout.committed_steps(
+        opts.directory, job_uid=opts.job_uid, keyring=opts.manifest_keyring
+    )
+    coordinator.publish(HELD_KEY, {"steps": mine})
+    if volumes.rank != 0:
+        return []
+    held = coordinator.gather(HELD_KEY, timeout=opts.timeout_seconds)
+    pending = upload_backlog.pending_steps(
+        opts.directory, job_uid=opts.job_uid, keyring=opts.manifest_keyring
+    )
+    retired = orphans(pending, held)
+    for step in retired:
+        folder = layout.step_dir(opts.directory, step)
+        layout.mark_local_only(folder)
+        layout.fsync_dir(folder)
+        log.warning(
+            "step %d is owed an upload but not every rank holds its files any more (a pod "
+            "was replaced): kept on this volume, never uploaded",
+            step,
+        )
+    return retired
 
 
 def _owner_record(opts: options.CheckpointOptions) -> s3owner.Owner | None:
