@@ -13,6 +13,7 @@ a rank succeeded, the budget spent, a replacement not running within the
 deadline; a new attempt clears the records.
 """
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -34,11 +35,7 @@ def _running(**spec: Any) -> Any:
 
 def _replacement(attempt: int, rank: int, n: int, phase: Any = "Running") -> Any:
     pod = jobs.pod(attempt, rank, phase)
-    return jobobserve.ObservedPod(**{**_fields(pod), "uid": f"{pod.uid}-r{n}"})
-
-
-def _fields(pod: jobobserve.ObservedPod) -> dict[str, Any]:
-    return {f: getattr(pod, f) for f in pod.__dataclass_fields__}
+    return dataclasses.replace(pod, uid=f"{pod.uid}-r{n}")
 
 
 def _pod_creates(result: Any) -> list[str]:

@@ -91,11 +91,11 @@ def _active(
     cleanup = decisions.deletable(decisions.live_pods(old)) + decisions.finished_pods(
         job, old, keep_attempt=base.attempt
     )
-    replaced = replaceplan.replacing(job, observed, base, cleanup=cleanup, now=now)
+    seen = replaceplan.settle(job, pods)
+    replaced = replaceplan.replacing(job, observed, base, settled=seen, cleanup=cleanup, now=now)
     if replaced is not None:
         return replaced
     decision = _attempt(job, observed, base, cleanup=cleanup, now=now)
-    seen = replaceplan.settle(job, pods)
     if seen is not None and decision.attempt == base.attempt:
         decision = dataclasses.replace(decision, pod_replacements=seen)
     return decision

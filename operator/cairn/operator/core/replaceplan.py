@@ -66,10 +66,10 @@ def enabled(job: trainingjob.TrainingJob) -> bool:
 
 
 def _newest(
-    records: tuple[jobstatus.PodReplacement, ...], rank: int
-) -> jobstatus.PodReplacement | None:
-    mine = [r for r in records if r.rank == rank]
-    return mine[-1] if mine else None
+    records: tuple[jobstatus.PodReplacement, ...],
+) -> dict[int, jobstatus.PodReplacement]:
+    """Each rank's newest record (records are appended in order)."""
+    return {r.rank: r for r in records}
 
 
 def _lost(
@@ -103,7 +103,7 @@ def _covered(
     """Whether this loss is recorded already."""
     if pod is not None:
         return any(r.lost_pod_uid == pod.uid for r in records)
-    newest = _newest(records, rank)
+    newest = _newest(records).get(rank)
     return newest is not None and not newest.replacement_uid
 
 
@@ -117,11 +117,12 @@ def settle(
     if not records:
         return None
     lost_uids = {r.lost_pod_uid for r in records}
+    newest = _newest(records)
     by_rank = {p.rank: p for p in pods}
     out = list(records)
     changed = False
     for index, record in enumerate(records):
-        if record.replacement_uid or _newest(records, record.rank) is not record:
+        if record.replacement_uid or newest[record.rank] is not record:
             continue
         pod = by_rank.get(record.rank)
         if pod is not None and pod.uid and pod.uid not in lost_uids:
@@ -136,9 +137,7 @@ def _pending(
     """The newest record of each rank whose replacement does not run yet."""
     by_uid = {p.uid: p for p in pods}
     out = []
-    for rank in sorted({r.rank for r in records}):
-        newest = _newest(records, rank)
-        assert newest is not None
+    for _, newest in sorted(_newest(records).items()):
         pod = by_uid.get(newest.replacement_uid) if newest.replacement_uid else None
         if pod is None or pod.phase not in ("Running", "Succeeded"):
             out.append(newest)
@@ -150,18 +149,20 @@ def replacing(
     observed: jobobserve.Observed,
     base: decisions.Base,
     *,
+    settled: tuple[jobstatus.PodReplacement, ...] | None,
     cleanup: tuple[jobobserve.ObservedPod, ...],
     now: datetime.datetime,
 ) -> decisions.Decision | None:
     """The decision while a lost pod is replaced in place; None: not this case
-    (the rest of the lifecycle table decides, which ends the attempt for a loss)."""
+    (the rest of the lifecycle table decides, which ends the attempt for a loss).
+    `settled`: this reconcile's ``settle`` (None: the records are as in status)."""
     if not enabled(job) or base.phase != "Running":
         return None
     pods = observed.pods_of(base.attempt)
     lost = _lost(job, pods)
     if lost is None:
         return None
-    records = settle(job, pods) or tuple(job.status.pod_replacements or ())
+    records = settled or tuple(job.status.pod_replacements or ())
     pending = [r for r in _pending(records, pods) if r.rank not in lost]
     if not lost and not pending:
         return None
@@ -181,19 +182,20 @@ def replacing(
     if len(records) + len(new) > budget:
         return None  # past the budget: the attempt ends, as without it
     records += tuple(new)
-    waiting = [*pending, *(_newest(records, rank) for rank in sorted(lost))]
-    late = [r for r in waiting if r is not None and _age(r, now) > REPLACEMENT_DEADLINE_SECONDS]
+    newest = _newest(records)  # every lost rank has one now: covered or new
+    waiting = [*pending, *(newest[rank] for rank in sorted(lost))]
+    late = [r for r in waiting if _age(r, now) > REPLACEMENT_DEADLINE_SECONDS]
     if late:
         return _late(job, observed, base, late[0], now=now)
-    ranks = sorted({r.rank for r in waiting if r is not None})
+    ranks = sorted({r.rank for r in waiting})
     message = cond.MSG_REPLACING_POD.format(
         attempt=base.attempt,
         ranks=", ".join(str(r) for r in ranks),
-        why="; ".join(f"rank {r.rank}: {r.reason}" for r in waiting if r is not None),
+        why="; ".join(f"rank {r.rank}: {r.reason}" for r in waiting),
         used=len(records),
         budget=budget,
     )
-    left = min(REPLACEMENT_DEADLINE_SECONDS - _age(r, now) for r in waiting if r is not None)
+    left = min(REPLACEMENT_DEADLINE_SECONDS - _age(r, now) for r in waiting)
     gone = tuple(pod for pod, _ in lost.values() if pod is not None)
     return base.decision(
         phase="Running",
