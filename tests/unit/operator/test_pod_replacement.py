@@ -5,7 +5,8 @@ Event), the attempt, phase and the other pod stay, and once its name is free
 a pod of the same name is created in the same attempt resuming from the
 newest step; the replacement's UID is recorded once seen, and when it runs
 the job is plainly Running again; a replacement lost in turn is a new loss;
-reconciles in between (an operator restart reads status) add nothing;
+reconciles in between (an operator restart reads status) add nothing; a
+stranger pod with the job's labels is neither the replacement nor deleted;
 evicted (Failed) and Unknown pods are deleted by the operator, a pod being
 deleted is waited for; what ends the attempt as before: no in-place budget,
 rank 0's pod, an eviction the pod caused itself, a failed rank, a loss once
@@ -88,6 +89,18 @@ def test_a_pod_gone_before_it_was_seen_deleting_is_replaced() -> None:
     result, job = _run(job, jobs.pod(1, 0), t=11)
     assert _pod_creates(result) == ["demo-a1-n1"] and result.events == ()
     assert len(job.status.pod_replacements or ()) == 1
+
+
+def test_a_pod_with_our_labels_is_not_taken_for_the_replacement() -> None:
+    # A stranger labelled as rank 1 of attempt 1 (no controller ownerReference):
+    # it neither covers the missing rank nor is recorded as its replacement.
+    job = _running()
+    decoy = dataclasses.replace(jobs.pod(1, 1), name="decoy", uid="decoy-uid", controller_uid=None)
+    result, job = _run(job, jobs.pod(1, 0), decoy, t=10)
+    assert _pod_creates(result) == ["demo-a1-n1"]
+    result, job = _run(job, jobs.pod(1, 0), decoy, t=11)
+    assert [r.replacement_uid for r in job.status.pod_replacements or ()] == [""]
+    assert "decoy" not in [d.name for d in result.deletes]
 
 
 def test_a_replacement_lost_in_turn_is_a_new_loss() -> None:
