@@ -47,11 +47,19 @@ def pick(
     first, local copy before S3 copy; so that copy is local only when the
     newest step is committed on pod-0. It is taken on `rank`'s volume when
     committed there too, else on pod-0's. None: the first copy is S3's (or
-    there is none), nothing local to corrupt.
+    there is none), nothing local to corrupt; or that copy is the job's only
+    one (no copy in S3, no other step on every volume): corrupting it would
+    leave nothing to resume from, and the restore rightly fails then
+    (CheckpointError, the copy kept) instead of falling back.
     """
     on_zero = set(layout.committed_steps(chain / "pod-0", job_uid=job_uid))
     first = max(on_zero | remote_steps, default=None)
     if first is None or first not in on_zero:
+        return None
+    everywhere = set.intersection(
+        *(set(layout.committed_steps(pod, job_uid=job_uid)) for pod in chain.glob("pod-*"))
+    )
+    if not remote_steps and not everywhere - {first}:
         return None
     if first in layout.committed_steps(chain / f"pod-{rank}", job_uid=job_uid):
         return rank, first
