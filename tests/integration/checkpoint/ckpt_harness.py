@@ -115,6 +115,9 @@ def launch(
                 str(REPO / p) for p in ("api", "operator", "trainer_image", "devcluster")
             ),
             "OMP_NUM_THREADS": "1",
+            # A native abort (SIGABRT: "terminate called without an active exception",
+            # docs/operator.md) prints every Python thread's stack into the rank's log.
+            "PYTHONFAULTHANDLER": "1",
             **(env or {}),
         }
         with log.open("wb") as stream:
