@@ -4,7 +4,8 @@ Covers: a step rank 0 owes S3 that another rank's node-local volume lacks is
 an orphan (it can never be uploaded, each rank uploads its own files), the
 others are not; malformed reports hold nothing; with real folders rank 0
 marks its orphaned copy local-only (no longer pending, so no upload round
-waits for it) and leaves the rest owed; other ranks only report.
+waits for it) and leaves the rest owed; other ranks only report; a job
+without S3 owes nothing, so no rank reports or marks anything.
 """
 
 from typing import Any
@@ -52,7 +53,9 @@ def test_rank_0_retires_what_another_rank_lacks(tmp_path: Any, monkeypatch: Any)
         ],
     )
     volumes = volume_init.Volumes(
-        opts=options.CheckpointOptions(directory=tmp_path, attempt=1),
+        opts=options.CheckpointOptions(
+            directory=tmp_path, attempt=1, s3=options.S3Options(uri="s3://b/p")
+        ),
         rank=0,
         shared=False,
         s3=None,
@@ -69,3 +72,18 @@ def test_rank_0_retires_what_another_rank_lacks(tmp_path: Any, monkeypatch: Any)
     other = volume_init.Volumes(opts=volumes.opts, rank=1, shared=False, s3=None, callbacks=())
     assert volume_init.retire_orphans(other, coordinator=follower) == []  # type: ignore[arg-type]
     assert follower.published == [{"steps": [25, 30]}]
+
+
+def test_a_job_without_s3_retires_nothing(tmp_path: Any) -> None:
+    _committed(tmp_path, 25)
+    volumes = volume_init.Volumes(
+        opts=options.CheckpointOptions(directory=tmp_path, attempt=1),
+        rank=0,
+        shared=False,
+        s3=None,
+        callbacks=(),
+    )
+    store = _Store(0, [{"steps": []}])
+    assert volume_init.retire_orphans(volumes, coordinator=store) == []  # type: ignore[arg-type]
+    assert store.published == []
+    assert not layout.is_local_only(layout.step_dir(tmp_path, 25))

@@ -130,8 +130,12 @@ def orphans(pending: typing.Sequence[int], held: typing.Sequence[typing.Any]) ->
 def retire_orphans(volumes: Volumes, *, coordinator: coordinator_mod.Coordinator) -> list[int]:
     """Collective on node-local volumes: every rank reports its committed steps;
     rank 0 marks the steps it owes S3 that some rank lacks local-only (see the
-    module docstring). Returns the steps retired (rank 0; [] elsewhere)."""
+    module docstring). Returns the steps retired (rank 0; [] elsewhere).
+    A job without S3 owes no upload: every rank returns at once (the same
+    options on every rank, so none waits in the gather)."""
     opts = volumes.opts
+    if opts.s3 is None:
+        return []
     mine = layout.committed_steps(
         opts.directory, job_uid=opts.job_uid, keyring=opts.manifest_keyring
     )
