@@ -206,7 +206,7 @@ class Run:
             "wall_seconds": round(wall, 1),
             "attempt": status["attempt"],
             "restarts": status.get("restarts", 0),
-            "in_place_restarts": (status.get("torchrun") or {}).get("inPlaceRestarts", 0),
+            "in_place_restarts": rayjobs.in_place_restarts(job),
             "resumed_from": (status.get("checkpoints") or {}).get("resumedFrom"),
             "recoveries": self.recoveries,
             "median_recovery_seconds": (

@@ -40,7 +40,10 @@ Each kill: once a step >= 10 (then 5 past the last recovery) is committed,
 SIGKILL rank 1's worker process (torchrun's child, or the fork server's child)
 and time from the kill to the first line rank 0 appends to its losses file
 afterwards (the trainer's own step log: the same pod in place, the new
-attempt's rank-0 pod after a pod-level restart), polled every 50 ms.
+attempt's rank-0 pod after a pod-level restart), polled every 50 ms. In
+place, only lines appended once ``status.torchrun.inPlaceRestarts`` has
+grown count (the new group records itself before its restore): rank 0's
+old worker can log the step it was finishing just after the kill.
 Prints the table (median of ``--kills`` per kind, min, max, ratios to
 ``pod``, with the load average) and records JSON in bench/results/.
 """
@@ -153,14 +156,28 @@ class TorchrunBench:
         state = self.target.state.root
         in_place = TORCHRUN_KINDS[self.kind]["in_place"] > 0
         watch = head if in_place else f"{name}-a{status['attempt'] + 1}-n0"
-        after = rayjobs.loss_lines(state, self.namespace, head) if in_place else 0
         self.loads.append(os.getloadavg()[0])
         stat = pathlib.Path(f"/proc/{worker}/stat").read_text()
         self.parents.append(int(stat.rsplit(")", 1)[1].split()[1]))
+        groups = rayjobs.in_place_restarts(job)
         if TORCHRUN_KINDS[self.kind].get("lose"):
             killed_at = lose_pod(self.core, self.namespace, f"{name}-a{status['attempt']}-n1")
         else:
             killed_at = rayjobs.kill(worker)
+        after = 0  # pod-level: the new attempt's rank-0 pod starts its own file
+        if in_place:
+            # Rank 0's worker can log the step it was finishing right after the
+            # kill (seen once as a 0.00 s sample): time to the first line after
+            # the new group is in status (recorded before its restore).
+            rayjobs.wait_new_torchrun_group(
+                self.custom,
+                self.namespace,
+                name,
+                after=groups,
+                deadline=killed_at + STEP_TIMEOUT,
+                poll_seconds=0.05,
+            )
+            after = rayjobs.loss_lines(state, self.namespace, head)
         stepped = rayjobs.wait_new_step(
             state, self.namespace, watch, after_lines=after, timeout=STEP_TIMEOUT
         )

@@ -137,6 +137,28 @@ def wait_new_step(
     raise AssertionError(f"{pod}: no new training step within {timeout:.0f}s")
 
 
+def in_place_restarts(job: dict[str, Any]) -> int:
+    """``status.torchrun.inPlaceRestarts`` of ``job`` (0 before the first). Pure."""
+    return ((job.get("status") or {}).get("torchrun") or {}).get("inPlaceRestarts") or 0
+
+
+def wait_new_torchrun_group(
+    custom: client.CustomObjectsApi,
+    namespace: str,
+    name: str,
+    *,
+    after: int,
+    deadline: float,
+    poll_seconds: float,
+) -> None:
+    """Until ``status.torchrun.inPlaceRestarts`` exceeds ``after``: a new worker
+    group recorded itself (before its restore), so rank 0's next step-log line
+    is the new group's, not one the old worker finished after a fault."""
+    while in_place_restarts(demo.get_job(custom, namespace, name)) <= after:
+        assert time.monotonic() < deadline, f"{name}: no new torchrun worker group in time"
+        time.sleep(poll_seconds)
+
+
 def _children(pid: int) -> list[int]:
     out: list[int] = []
     for task in pathlib.Path(f"/proc/{pid}/task").glob("*"):

@@ -12,7 +12,10 @@ runs a module or script with ``sys.argv`` as ``python -m`` would (a module
 the fork server preloaded too), returns on ``sys.exit(0)`` and leaves with
 any other code; the console script is declared in pyproject; a group's
 restart gives its surviving workers seconds, not torch's 30, to exit (the
-agent's own shutdown keeps 30; a torch without the methods keeps its stop).
+agent's own shutdown keeps 30; a torch without the methods keeps its stop);
+the c10d rendezvous polls every 0.1 s for small jobs (torch's 1 s from 100
+nodes), only its fixed poll and state cache shortened (a real two-node
+rendezvous under the patch: tests/integration/trainer/test_launch_rendezvous.py).
 The launch itself (fork
 server, restarts on the devcluster) is covered by
 tests/e2e/test_torchrun_inplace.py.
@@ -242,3 +245,52 @@ def test_the_launcher_wraps_torchs_c10d_handler() -> None:
     assert isinstance(state.wait_list, set) and isinstance(state.redundancy_list, set)
     handler_class = type("Handler", (dynamic_rendezvous.DynamicRendezvousHandler,), {})
     assert launch.replacement_counts_as_waiting(handler_class)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "seconds"), [(1, 0.1), (2, 0.1), (10, 0.1), (25, 0.25), (100, 1.0), (5000, 1.0)]
+)
+def test_the_rendezvous_poll_shrinks_only_for_small_jobs(nodes: int, seconds: float) -> None:
+    # Every agent together reads the store about as often as torch's 1 s poll at 100 nodes.
+    assert launch.rendezvous_poll_seconds(nodes) == pytest.approx(seconds)
+
+
+class _Holder:
+    """torch's _BackendRendezvousStateHolder as far as the launcher touches it."""
+
+    def __init__(self, backend: object, settings: object, cache_duration: float = 1) -> None:
+        self.cache_duration = cache_duration
+
+
+def _rendezvous_module(delays: list[object]) -> object:
+    def delay(seconds: object) -> None:  # torch passes it by keyword
+        delays.append(seconds)
+
+    module = type(sys)("fake_dynamic_rendezvous")
+    module._delay = delay  # type: ignore[attr-defined]
+    module._BackendRendezvousStateHolder = type("Holder", (_Holder,), {})  # type: ignore[attr-defined]
+    return module
+
+
+def test_the_rendezvous_poll_and_state_cache_follow_the_given_seconds() -> None:
+    delays: list[object] = []
+    module = _rendezvous_module(delays)
+    assert launch.rendezvous_polls_quickly(module, seconds=0.1)
+    assert launch.rendezvous_polls_quickly(module, seconds=0.1)  # wrapped once
+    module._delay(seconds=1)  # type: ignore[attr-defined]  # the SYNC poll
+    module._delay(seconds=(0, 0.3))  # type: ignore[attr-defined]  # the first round's skew: kept
+    module._delay(seconds=0.5)  # type: ignore[attr-defined]  # a compare-and-set backoff: kept
+    assert delays == [0.1, (0, 0.3), 0.5]
+    holder = module._BackendRendezvousStateHolder  # type: ignore[attr-defined]
+    assert holder(object(), object()).cache_duration == 0.1  # torch's default: shortened
+    assert holder(object(), object(), cache_duration=3).cache_duration == 3  # a given one: kept
+
+
+def test_a_rendezvous_without_the_functions_keeps_torchs_poll() -> None:
+    assert not launch.rendezvous_polls_quickly(type(sys)("bare"), seconds=0.1)
+    module = type(sys)("no_cache")
+    module._delay = lambda seconds: None  # type: ignore[attr-defined]
+    module._BackendRendezvousStateHolder = type(  # type: ignore[attr-defined]
+        "Holder", (), {"__init__": lambda self, backend, settings: None}
+    )
+    assert not launch.rendezvous_polls_quickly(module, seconds=0.1)
