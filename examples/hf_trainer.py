@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import transformers
 
-from cairn.checkpoint import runtime_config
+from cairn.checkpoint import process_exit, runtime_config
 from cairn.trainer.integrations import transformers as cairn_hf
 
 PREEMPTED = 143
@@ -104,4 +104,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Not SystemExit: interpreter finalization can race torch's gloo threads
+    # into an abort after the last step (docs/trainer.md, exit_process).
+    process_exit.exit_process(main())

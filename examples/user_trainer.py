@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed import device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from cairn.checkpoint import manager, runtime_config, state
+from cairn.checkpoint import manager, process_exit, runtime_config, state
 
 PREEMPTED = 143
 
@@ -106,4 +106,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Not SystemExit: interpreter finalization can race torch's gloo threads
+    # into an abort after the last step (docs/trainer.md, exit_process).
+    process_exit.exit_process(main())

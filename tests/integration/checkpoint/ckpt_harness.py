@@ -23,6 +23,10 @@ import numpy as np
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
+PYTHONPATH = os.pathsep.join(
+    str(REPO / p) for p in ("api", "operator", "trainer_image", "devcluster")
+)
+"""What a child interpreter needs to import the project (the tests tree has no install)."""
 WORKER = pathlib.Path(__file__).with_name("ckpt_worker.py")
 
 
@@ -111,9 +115,7 @@ def launch(
             "MASTER_PORT": str(port),
             "TMPDIR": str(tmp / "tmpdir"),
             "TORCHINDUCTOR_CACHE_DIR": str(tmp / "tmpdir" / "inductor"),
-            "PYTHONPATH": os.pathsep.join(
-                str(REPO / p) for p in ("api", "operator", "trainer_image", "devcluster")
-            ),
+            "PYTHONPATH": PYTHONPATH,
             "OMP_NUM_THREADS": "1",
             # A native abort (SIGABRT: "terminate called without an active exception",
             # docs/operator.md) prints every Python thread's stack into the rank's log.

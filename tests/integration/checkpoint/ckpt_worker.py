@@ -9,6 +9,7 @@ dumps (`dump-<tag>-rank<r>.pt`) that the tests compare bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -25,7 +26,7 @@ from torch.distributed.checkpoint import state_dict as dcp_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import layout, options, state
+from cairn.checkpoint import layout, options, process_exit, state
 from cairn.checkpoint import manager as manager_mod
 
 DIM = 16
@@ -141,6 +142,9 @@ def main() -> None:
         upload_interval_steps=cfg.get("upload_interval"),
     )
     result: dict[str, typing.Any] = {"rank": rank, "losses": {}, "saved": []}
+    # The process group's gloo threads, by the name torch gives them: the
+    # manager's own group must be gone (joined) once its `with` block ends.
+    result["gloo_threads_before"] = gloo_threads()
     dump_steps = set(cfg.get("dump_steps", []))
     seen: list[dict[str, typing.Any]] = []
 
@@ -247,10 +251,20 @@ def main() -> None:
         ckpt.wait_until_finished()
         result.setdefault("steps_during_save", steps_during_save)
         result["all_steps"] = ckpt.all_steps()
+    result["gloo_threads_after"] = gloo_threads()
     result["events"] = seen
     (out / f"result-rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
+def gloo_threads() -> int:
+    count = 0
+    for task in pathlib.Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            count += (task / "comm").read_text().strip() == "pt_gloo_runloop"
+    return count
+
+
 if __name__ == "__main__":
     main()
+    process_exit.exit_process(0)

@@ -10,6 +10,7 @@ from cairn.checkpoint.errors import CheckpointError, FencedError, RemoteError
 from cairn.checkpoint.events import ProgressEvent
 from cairn.checkpoint.manager import CheckpointManager
 from cairn.checkpoint.options import CheckpointOptions, S3Options
+from cairn.checkpoint.process_exit import exit_process
 from cairn.checkpoint.restore import RestoreResult
 from cairn.checkpoint.state import ModelOptimizerState, RNGState, TrainState
 
@@ -25,4 +26,5 @@ __all__ = [
     "RestoreResult",
     "S3Options",
     "TrainState",
+    "exit_process",
 ]

@@ -361,6 +361,7 @@ class CheckpointManager:
         if self._closed:
             return
         self._closed = True
+        finished = False
         try:
             self._finish_writer()
             if self._uploads is not None:
@@ -369,6 +370,7 @@ class CheckpointManager:
                 # A last round retries the whole backlog, backoff or not.
                 self._uploads.drain(force=True)
                 self._uploads.rotate_after()
+            finished = True
         finally:
             if self._uploads is not None:
                 self._uploads.stop()
@@ -382,9 +384,34 @@ class CheckpointManager:
             if self._stager is not None:
                 self._stager.close()
             if self._pg is not None:
+                # A failed close neither waits for the others nor joins the
+                # group's threads: a collective stuck on a dead peer would
+                # hold either until the timeout.
+                clean_end = finished and not self._failing and self._abandoned is None
+                together = clean_end and self._leave_together(self._pg)
                 dist.destroy_process_group(self._pg)
+                if together:
+                    # Our last reference: torch joins the group's gloo threads
+                    # here, with the GIL released, so none is left to drop a
+                    # tensor during interpreter finalization (a SIGABRT; see
+                    # `process_exit`).
+                    self._pg = None
             if self._feed is not None:
                 self._feed.close()  # the last state, the final commit included
+
+    def _leave_together(self, group: dist.ProcessGroup) -> bool:
+        """No rank leaves before every rank has closed: without an agent's store
+        (torchrun's), rank 0 hosts the store the others may still be reading
+        (the last commit). Bounded by the group's timeout; a peer that failed
+        or left ends it early. False when it failed."""
+        try:
+            dist.barrier(group=group)
+        except Exception:
+            log.warning(
+                "checkpoint close: the last barrier failed; leaving without it", exc_info=True
+            )
+            return False
+        return True
 
     def __enter__(self) -> CheckpointManager:
         return self

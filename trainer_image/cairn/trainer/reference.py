@@ -7,13 +7,15 @@ schedule, the deterministic corpus and stateful sampler (`data`), and the
 `CheckpointManager` saving every `CAIRN_CHECKPOINT_INTERVAL_STEPS`. On
 SIGTERM it checkpoints at the next step boundary and exits with
 `PREEMPTED_EXIT_CODE`. After the last step it writes a final checkpoint and a
-weights-only bf16 safetensors export. It is a plain user of the library:
-under the operator the `CheckpointManager` itself reports the step and the
-checkpoint facts to the job's status and checks the API fence. It resumes
-from what the pod contract names (latest, a step, or `resume.uri`: a Cairn
-step folder or a plain DCP checkpoint, imported); a target that cannot be
-loaded exits `exitcodes.CONFIG_ERROR` (78) with the reason in the
-termination message (`cairn.trainer.termination`), never a fresh start.
+weights-only bf16 safetensors export, and leaves through
+`process_exit.exit_process` (no interpreter finalization: see there). It is
+a plain user of the library: under the operator the `CheckpointManager`
+itself reports the step and the checkpoint facts to the job's status and
+checks the API fence. It resumes from what the pod contract names (latest,
+a step, or `resume.uri`: a Cairn step folder or a plain DCP checkpoint,
+imported); a target that cannot be loaded exits `exitcodes.CONFIG_ERROR`
+(78) with the reason in the termination message (`cairn.trainer.termination`),
+never a fresh start.
 
 CPU runs are deterministic: the same command killed anywhere and resumed
 produces the same per-step losses, bit for bit (`--losses-file` records them).
@@ -25,7 +27,6 @@ import logging
 import math
 import os
 import pathlib
-import sys
 import time
 import typing
 from typing import Any
@@ -36,7 +37,7 @@ from torch.distributed import device_mesh
 from torch.distributed.checkpoint import state_dict as dcp_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from cairn.checkpoint import errors, manager, runtime_config, state
+from cairn.checkpoint import errors, manager, process_exit, runtime_config, state
 from cairn.trainer import data, model, termination
 
 log = logging.getLogger("cairn.trainer")
@@ -241,4 +242,6 @@ def _train(args: argparse.Namespace, cfg: runtime_config.RuntimeConfig) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Not sys.exit: past the last step, interpreter finalization can race a gloo
+    # thread into SIGABRT (exit -6) and cost the job a restart (`process_exit`).
+    process_exit.exit_process(main())
