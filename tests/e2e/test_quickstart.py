@@ -64,7 +64,7 @@ def test_quickstart_survives_a_killed_rank(devcluster: Any, operator: Any) -> No
     listing = demo.s3_listing(target, bucket=bucket, prefix="quickstart")
     assert listing, "nothing uploaded"
     for folder, objects in listing.items():
-        assert manifest.MANIFEST_NAME in objects, f"{folder} has no manifest"
+        assert manifest.MANIFEST_NAME in objects, f"{folder} has no manifest: {sorted(objects)}"
         key = f"quickstart/{folder}/{manifest.MANIFEST_NAME}"
         parsed = manifest.parse_manifest(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
         assert parsed.step == int(folder.removeprefix("step-"))

@@ -128,7 +128,7 @@ def _uploads_verify(run: Run, job: dict[str, Any]) -> None:
     listing = demo.s3_listing(run.devcluster.target, bucket=run.bucket, prefix=prefix)
     assert f"step-{FINAL_STEP:09d}" in listing
     for folder, objects in listing.items():
-        assert manifest.MANIFEST_NAME in objects, f"{folder} has no manifest"
+        assert manifest.MANIFEST_NAME in objects, f"{folder} has no manifest: {sorted(objects)}"
         key = f"{prefix}/{folder}/{manifest.MANIFEST_NAME}"
         parsed = manifest.parse_manifest(s3.get_object(Bucket=run.bucket, Key=key)["Body"].read())
         for entry in parsed.files:

@@ -6,7 +6,8 @@ A suspended TrainingJob (no pods: the S3 pass does not depend on them) with
 with the writer's own upload code (steps 10, 20, 30 and an abandoned partial
 15). Covers: ``status.storage.verifiedStep`` = 30 by CRC32C with the
 ``CheckpointVerified`` event; retention deleted steps 10, 20 and partial 15
-(``RetentionDeleted``), 30 stays; a step 40 whose object does not match its
+(``RetentionDeleted``), 30 stays, and the rotation of step 20 took this
+job's leftover of a killed attempt in its folder in the same pass; a step 40 whose object does not match its
 manifest, announced by a writer-style ``lastUploaded`` patch, is reported
 within seconds (the pass is kicked, not only every 30 s) as
 ``VerificationFailed`` and in ``corruptSteps``, never deleted, while the
@@ -173,6 +174,12 @@ def _run(
     for step in (10, 20, 30):
         write_step(opts, tmp_path, step, job_uid=uid)
     write_step(opts, tmp_path, 15, job_uid=uid, commit=False)
+    # Step 20 also holds this job's leftover of an attempt killed mid-upload
+    # (attempt-scoped, listed by no manifest): its rotation takes it in the
+    # same pass, so no manifest-less folder of ours stays behind.
+    s3.put_object(
+        Bucket=bucket, Key=f"{prefix}/step-000000020/a1-{uid[:8]}/__1_0.distcp", Body=b"x"
+    )
     custom.patch_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, "keep", {"spec": {"checkpoint": full_checkpoint}}
     )

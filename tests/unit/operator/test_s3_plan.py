@@ -300,3 +300,47 @@ def test_partial_keeps_another_jobs_attempt_scoped_data() -> None:
     assert deletion.partial
     # Ours (attempt-scoped, and the pre-attempt-scoped layout) go; the other job's stays.
     assert deletion.paths == ("__1_0.distcp", "a3-aaaaaaaa/__0_0.distcp")
+
+
+def test_rotation_takes_this_jobs_leftovers_of_a_killed_attempt_in_one_pass() -> None:
+    # Attempt 1 was killed between its ranks' uploads of step 15 and the
+    # manifest; attempt 2 committed step 15 beside those objects. Rotating
+    # step 15 away leaves no manifest-less folder of ours for a later pass.
+    listing, manifests = world([15, 20, 30, 40])
+    listing[15] = {
+        **listing[15],
+        "a1-aaaaaaaa/__0_0.distcp": OBJ(size=7),
+        "a1-aaaaaaaa/.metadata": OBJ(size=3),
+        "a1-bbbbbbbb/__0_0.distcp": OBJ(size=7),  # another job's: kept
+        "README": OBJ(size=1),  # unprefixed and unlisted: the manifest-less rule's
+    }
+    remote = checkpointspec.RemoteRetention(keep_last=3)
+    result = s3plan.plan(listing=listing, manifests=manifests, remote=remote, own_uid8="aaaaaaaa")
+    (deletion,) = result.deletions
+    assert (deletion.step, deletion.partial) == (15, False)
+    assert deletion.paths == (
+        manifest_mod.MANIFEST_NAME,
+        *sorted(FILES),
+        "a1-aaaaaaaa/.metadata",
+        "a1-aaaaaaaa/__0_0.distcp",
+    )
+    # Without identity nothing but the manifest and what it lists is deleted.
+    (anonymous,) = s3plan.plan(listing=listing, manifests=manifests, remote=remote).deletions
+    assert anonymous.paths == (manifest_mod.MANIFEST_NAME, *sorted(FILES))
+
+
+def test_rotation_keeps_leftovers_a_superseded_manifest_still_lists() -> None:
+    # Step 15's older lineage was moved aside under .cairn/ and its manifest
+    # there lists a1-… data in this folder: rotating the new step 15 keeps it.
+    listing, manifests = world([15, 20, 30, 40])
+    listing[15] = {**listing[15], "a1-aaaaaaaa/__0_0.distcp": OBJ(size=7)}
+    remote = checkpointspec.RemoteRetention(keep_last=3)
+    result = s3plan.plan(
+        listing=listing,
+        manifests=manifests,
+        remote=remote,
+        own_uid8="aaaaaaaa",
+        aside=frozenset({15}),
+    )
+    (deletion,) = result.deletions
+    assert "a1-aaaaaaaa/__0_0.distcp" not in deletion.paths

@@ -30,7 +30,10 @@ job's own), and a step
 without a manifest that may still be uploading (newer than the newest
 manifest, in flight, or not older than the writer's last local commit). A
 step folder without a manifest older than the newest verified step is an
-abandoned partial and is deleted. Each deletion lists the manifest first
+abandoned partial and is deleted. A rotated step's deletion also takes this
+job's attempt-scoped objects its manifest does not list (leftovers of an
+attempt killed mid-upload, which that rule would delete in the next pass,
+if one came). Each deletion lists the manifest first
 (``retention.deletion_order``), so a half-deleted step is never mistaken for
 a committed one. Nothing is deleted unless ``retention.remote`` is set.
 """
@@ -326,7 +329,13 @@ def plan(
     if newest_verified is not None:
         keep.add(newest_verified.step)
     deletions = _retention_deletions(
-        listing=listing, manifests=manifests, remote=remote, verified=verified, keep=keep
+        listing=listing,
+        manifests=manifests,
+        remote=remote,
+        verified=verified,
+        keep=keep,
+        aside=aside,
+        own_uid8=own_uid8,
     )
     if newest_verified is not None and remote is not None:
         # Manifest-less folders below the newest verified step: our own partial uploads.
@@ -357,9 +366,12 @@ def _retention_deletions(
     remote: checkpointspec.RemoteRetention | None,
     verified: list[Verdict],
     keep: set[int],
+    aside: frozenset[int],
+    own_uid8: str | None,
 ) -> list[StepDeletion]:
     """``keepLast``/``keepEvery`` over the verified steps, never a step in ``keep``;
-    each deletion manifest first (``retention.deletion_order``)."""
+    each deletion manifest first (``retention.deletion_order``), then this job's
+    leftovers of other attempts in the folder (``_own_leftovers``)."""
     if remote is None or remote.keep_last is None:
         return []
     records = [retention.StepRecord(step=v.step, committed=True) for v in verified]
@@ -369,12 +381,48 @@ def _retention_deletions(
     return [
         StepDeletion(
             step=step,
-            paths=tuple(retention.deletion_order(_listed_keys(listing[step], manifests[step]))),
+            paths=(
+                *retention.deletion_order(_listed_keys(listing[step], manifests[step])),
+                *_own_leftovers(
+                    listing[step], manifests[step], own_uid8=None if step in aside else own_uid8
+                ),
+            ),
             partial=False,
         )
         for step in doomed
         if step not in keep
     ]
+
+
+def _own_leftovers(
+    objects: StepObjects, manifest: ManifestRead, *, own_uid8: str | None
+) -> list[str]:
+    """This job's attempt-scoped objects (``a<k>-<own_uid8>/…``) in a rotated
+    step's folder that its manifest does not list, sorted; none without
+    ``own_uid8`` (a caller without identity, or a step whose superseded
+    manifest under ``.cairn/`` still lists them). Pure.
+
+    Why: an attempt killed between its ranks' data uploads and the manifest
+    (a rank SIGKILLed mid-upload) leaves its objects in the folder, and the
+    next attempt commits the same step beside them. Deleting only what the
+    manifest lists left a manifest-less folder of ours behind, an abandoned
+    partial that the next pass deleted, if one came: after a job's last
+    rotation there may be none. Those objects are exactly what that next pass
+    would delete, so the rotation deletes them now, after the manifest
+    (a half-done deletion still leaves no manifest behind). Another job's
+    attempt-scoped objects and unprefixed ones stay, as the manifest-less
+    rule decides them.
+    """
+    if own_uid8 is None:
+        return []
+    listed = set(_listed_keys(objects, manifest))
+    return sorted(
+        p
+        for p in objects
+        if p not in listed
+        and (match := _DATA_PREFIX.match(p)) is not None
+        and match.group(1) == own_uid8
+    )
 
 
 def _listed_keys(objects: StepObjects, manifest: ManifestRead) -> list[str]:
