@@ -380,6 +380,40 @@ def s3_listing(target: cluster.Cluster, *, bucket: str, prefix: str) -> dict[str
     return out
 
 
+def settled_s3_listing(
+    *,
+    custom: client.CustomObjectsApi,
+    target: cluster.Cluster,
+    namespace: str,
+    name: str,
+    bucket: str,
+    prefix: str,
+    final_step: int,
+    timeout: float = 60.0,
+) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """``s3_listing`` once the operator's S3 pass has settled after the job's end,
+    and the job's ``status.storage`` then.
+
+    The pass runs beside the lifecycle: it can still be deleting a rotated step
+    (manifest first, then its data) when the job shows Succeeded, and a listing
+    taken then shows a folder without a manifest that is half deleted, not
+    half uploaded (seen in a full run: ``step-000000015 has no manifest``).
+    Settled: the final step verified and the listing's step folders exactly
+    ``status.storage.remoteSteps`` (patched after the pass's deletions). At
+    ``timeout`` the last listing is returned, for the caller's assertions to
+    show what is there.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        storage = (get_job(custom, namespace, name).get("status") or {}).get("storage") or {}
+        listing = s3_listing(target, bucket=bucket, prefix=prefix)
+        steps = sorted(s for f in listing if (s := manifest_mod.parse_step_dir_name(f)) is not None)
+        settled = storage.get("verifiedStep") == final_step and steps == storage.get("remoteSteps")
+        if settled or time.monotonic() > deadline:
+            return listing, storage
+        time.sleep(0.5)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__)
     parser.add_argument("--name", default=None, help="default: the example's name")

@@ -5,8 +5,10 @@ reference FSDP2 trainer and the real S3 server, in a namespace that enforces
 the restricted Pod Security Standard: `examples/quickstart.yaml` reaches Succeeded after rank 1 is SIGKILLed mid-run; the gang restarted once
 (`restarts` = 1) and attempt 2 resumed from a committed step (status
 `resumedFrom`), never from a partial; status shows lastCommitted and
-lastUploaded at the final step; every step folder in S3 has a manifest whose
-files' sizes and CRC32C checksums verify; node-local folders keep at most
+lastUploaded at the final step; once the operator's S3 pass has settled
+(it runs beside the lifecycle and may still be rotating a step at
+Succeeded), the step folders in S3 are exactly ``status.storage.remoteSteps``
+and each has a manifest whose files' sizes and CRC32C checksums verify; node-local folders keep at most
 `keepLast` committed steps.
 """
 
@@ -61,8 +63,18 @@ def test_quickstart_survives_a_killed_rank(devcluster: Any, operator: Any) -> No
     assert any(r.phase == "Restarting" for r in rows)
 
     s3 = devcluster.target.s3_client()
-    listing = demo.s3_listing(target, bucket=bucket, prefix="quickstart")
+    listing, storage = demo.settled_s3_listing(
+        custom=client.CustomObjectsApi(devcluster.api_client),
+        target=target,
+        namespace=namespace,
+        name="quickstart",
+        bucket=bucket,
+        prefix="quickstart",
+        final_step=FINAL_STEP,
+    )
     assert listing, "nothing uploaded"
+    assert storage["verifiedStep"] == FINAL_STEP, storage
+    assert sorted(listing) == [f"step-{s:09d}" for s in storage["remoteSteps"]], storage
     for folder, objects in listing.items():
         assert manifest.MANIFEST_NAME in objects, f"{folder} has no manifest: {sorted(objects)}"
         key = f"quickstart/{folder}/{manifest.MANIFEST_NAME}"

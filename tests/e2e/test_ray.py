@@ -17,7 +17,6 @@ trainer, and the real S3 server, in a restricted-PSS namespace:
   (the torchrun run with ``OMP_NUM_THREADS=1``, as Ray gives a 1-CPU actor).
 """
 
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -103,29 +102,27 @@ def baseline(devcluster: Any, operator_process: Any) -> Any:
     return result
 
 
-def _verified(run: Run) -> dict[str, Any]:
-    """The job once the operator's S3 pass verified the final step (it runs
-    beside the lifecycle, so it may land shortly after Succeeded)."""
-    deadline = time.monotonic() + VERIFY_TIMEOUT
-    while True:
-        job = demo.get_job(run.custom, run.namespace, run.name)
-        verified = (job["status"].get("storage") or {}).get("verifiedStep")
-        if verified == FINAL_STEP or time.monotonic() > deadline:
-            return job
-        time.sleep(1.0)
-
-
 def _uploads_verify(run: Run, job: dict[str, Any]) -> None:
     """Status shows the final step committed, uploaded, verified; S3 agrees."""
-    job = _verified(run)
-    status = job["status"]
-    ckpts = status["checkpoints"]
+    ckpts = job["status"]["checkpoints"]
     assert ckpts["lastCommitted"]["step"] == FINAL_STEP
     assert ckpts["lastUploaded"]["step"] == FINAL_STEP
-    assert status["storage"]["verifiedStep"] == FINAL_STEP, status["storage"]
     prefix = job["spec"]["checkpoint"]["upload"]["uri"].removeprefix(f"s3://{run.bucket}/")
     s3 = run.devcluster.target.s3_client()
-    listing = demo.s3_listing(run.devcluster.target, bucket=run.bucket, prefix=prefix)
+    # The operator's S3 pass runs beside the lifecycle: verified, and done
+    # rotating, possibly shortly after Succeeded.
+    listing, storage = demo.settled_s3_listing(
+        custom=run.custom,
+        target=run.devcluster.target,
+        namespace=run.namespace,
+        name=run.name,
+        bucket=run.bucket,
+        prefix=prefix,
+        final_step=FINAL_STEP,
+        timeout=VERIFY_TIMEOUT,
+    )
+    assert storage.get("verifiedStep") == FINAL_STEP, storage
+    assert sorted(listing) == [f"step-{s:09d}" for s in storage["remoteSteps"]], storage
     assert f"step-{FINAL_STEP:09d}" in listing
     for folder, objects in listing.items():
         assert manifest.MANIFEST_NAME in objects, f"{folder} has no manifest: {sorted(objects)}"
