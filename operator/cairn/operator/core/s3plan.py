@@ -247,6 +247,13 @@ def protected_steps(
 _DATA_PREFIX = re.compile(r"^a\d+-([0-9A-Za-z-]{1,8})/")
 
 
+def _attempt_uid8(path: str) -> str | None:
+    """The job UID prefix of attempt-scoped data (``a<attempt>-<uid8>/…``);
+    None for an object directly under ``step-<N>/``. Pure."""
+    match = _DATA_PREFIX.match(path)
+    return None if match is None else match.group(1)
+
+
 def _own_partial(path: str, own_uid8: str | None) -> bool:
     """Whether an object of a manifest-less step folder is this job's to delete. Pure.
 
@@ -255,8 +262,8 @@ def _own_partial(path: str, own_uid8: str | None) -> bool:
     import) is not ours and is kept. Objects directly under ``step-<N>/``
     (Cairn before attempt-scoped keys) are this job's, as they always were.
     """
-    match = _DATA_PREFIX.match(path)
-    return match is None or own_uid8 is None or match.group(1) == own_uid8
+    uid8 = _attempt_uid8(path)
+    return uid8 is None or own_uid8 is None or uid8 == own_uid8
 
 
 def plan_job(
@@ -371,7 +378,7 @@ def _retention_deletions(
 ) -> list[StepDeletion]:
     """``keepLast``/``keepEvery`` over the verified steps, never a step in ``keep``;
     each deletion manifest first (``retention.deletion_order``), then this job's
-    leftovers of other attempts in the folder (``_own_leftovers``)."""
+    leftovers of other attempts in the folder (``_rotation_paths``)."""
     if remote is None or remote.keep_last is None:
         return []
     records = [retention.StepRecord(step=v.step, committed=True) for v in verified]
@@ -381,11 +388,8 @@ def _retention_deletions(
     return [
         StepDeletion(
             step=step,
-            paths=(
-                *retention.deletion_order(_listed_keys(listing[step], manifests[step])),
-                *_own_leftovers(
-                    listing[step], manifests[step], own_uid8=None if step in aside else own_uid8
-                ),
+            paths=_rotation_paths(
+                listing[step], manifests[step], own_uid8=own_uid8, leftovers=step not in aside
             ),
             partial=False,
         )
@@ -394,13 +398,14 @@ def _retention_deletions(
     ]
 
 
-def _own_leftovers(
-    objects: StepObjects, manifest: ManifestRead, *, own_uid8: str | None
-) -> list[str]:
-    """This job's attempt-scoped objects (``a<k>-<own_uid8>/…``) in a rotated
-    step's folder that its manifest does not list, sorted; none without
-    ``own_uid8`` (a caller without identity, or a step whose superseded
-    manifest under ``.cairn/`` still lists them). Pure.
+def _rotation_paths(
+    objects: StepObjects, manifest: ManifestRead, *, own_uid8: str | None, leftovers: bool
+) -> tuple[str, ...]:
+    """A rotated step's deletion: the manifest first, the keys it lists, then
+    (with ``leftovers``) this job's attempt-scoped objects (``a<k>-<own_uid8>/…``)
+    it does not list, sorted. No leftovers without ``own_uid8`` (a caller
+    without identity) or for a step whose superseded manifest under
+    ``.cairn/`` still lists them. Pure.
 
     Why: an attempt killed between its ranks' data uploads and the manifest
     (a rank SIGKILLed mid-upload) leaves its objects in the folder, and the
@@ -413,15 +418,11 @@ def _own_leftovers(
     attempt-scoped objects and unprefixed ones stay, as the manifest-less
     rule decides them.
     """
-    if own_uid8 is None:
-        return []
-    listed = set(_listed_keys(objects, manifest))
-    return sorted(
-        p
-        for p in objects
-        if p not in listed
-        and (match := _DATA_PREFIX.match(p)) is not None
-        and match.group(1) == own_uid8
+    listed = _listed_keys(objects, manifest)
+    unlisted = sorted(set(objects) - set(listed)) if leftovers and own_uid8 is not None else []
+    return (
+        *retention.deletion_order(listed),
+        *(p for p in unlisted if _attempt_uid8(p) == own_uid8),
     )
 
 
