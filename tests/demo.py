@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import urllib3
 import yaml
+from awscrt import checksums
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -380,7 +381,7 @@ def s3_listing(target: cluster.Cluster, *, bucket: str, prefix: str) -> dict[str
     return out
 
 
-def settled_s3_listing(
+def assert_s3_steps_verify(
     *,
     custom: client.CustomObjectsApi,
     target: cluster.Cluster,
@@ -390,18 +391,19 @@ def settled_s3_listing(
     prefix: str,
     final_step: int,
     timeout: float = 60.0,
-) -> tuple[dict[str, list[str]], dict[str, Any]]:
-    """``s3_listing`` once the operator's S3 pass has settled after the job's end,
-    and the job's ``status.storage`` then.
+) -> dict[str, list[str]]:
+    """Once the operator's S3 pass has settled: the final step verified and
+    uploaded; the step folders exactly ``status.storage.remoteSteps``; each
+    with a manifest of its own step whose every file's size and CRC32C match
+    what S3 holds. The listing.
 
     The pass runs beside the lifecycle: it can still be deleting a rotated step
     (manifest first, then its data) when the job shows Succeeded, and a listing
     taken then shows a folder without a manifest that is half deleted, not
     half uploaded (seen in a full run: ``step-000000015 has no manifest``).
     Settled: the final step verified and the listing's step folders exactly
-    ``status.storage.remoteSteps`` (patched after the pass's deletions). At
-    ``timeout`` the last listing is returned, for the caller's assertions to
-    show what is there.
+    ``status.storage.remoteSteps`` (patched after the pass's deletions); at
+    ``timeout`` the last listing is judged, so the assertions show what is there.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -410,8 +412,24 @@ def settled_s3_listing(
         steps = sorted(s for f in listing if (s := manifest_mod.parse_step_dir_name(f)) is not None)
         settled = storage.get("verifiedStep") == final_step and steps == storage.get("remoteSteps")
         if settled or time.monotonic() > deadline:
-            return listing, storage
+            break
         time.sleep(0.5)
+    assert listing, "nothing uploaded"
+    assert storage.get("verifiedStep") == final_step, storage
+    assert sorted(listing) == [f"step-{s:09d}" for s in storage["remoteSteps"]], storage
+    assert manifest_mod.step_dir_name(final_step) in listing, sorted(listing)
+    s3 = target.s3_client()
+    for folder, objects in listing.items():
+        assert manifest_mod.MANIFEST_NAME in objects, f"{folder} has no manifest: {sorted(objects)}"
+        key = f"{prefix}/{folder}/{manifest_mod.MANIFEST_NAME}"
+        parsed = manifest_mod.parse_manifest(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        assert parsed.step == manifest_mod.parse_step_dir_name(folder), (folder, parsed.step)
+        for entry in parsed.files:
+            data_key = f"{prefix}/{folder}/{parsed.data_key(entry.path)}"
+            body = s3.get_object(Bucket=bucket, Key=data_key)["Body"].read()
+            assert len(body) == entry.size, (data_key, len(body), entry.size)
+            assert f"{checksums.crc32c(body):08x}" == entry.crc32c, data_key
+    return listing
 
 
 def main(argv: list[str] | None = None) -> int:

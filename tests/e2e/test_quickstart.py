@@ -17,7 +17,6 @@ import uuid
 from typing import Any
 
 import pytest
-from awscrt import checksums
 from kubernetes import client
 
 from cairn.api import manifest, trainingjob
@@ -62,8 +61,7 @@ def test_quickstart_survives_a_killed_rank(devcluster: Any, operator: Any) -> No
     assert 10 <= resumed < FINAL_STEP and resumed % 5 == 0
     assert any(r.phase == "Restarting" for r in rows)
 
-    s3 = devcluster.target.s3_client()
-    listing, storage = demo.settled_s3_listing(
+    demo.assert_s3_steps_verify(
         custom=client.CustomObjectsApi(devcluster.api_client),
         target=target,
         namespace=namespace,
@@ -72,21 +70,6 @@ def test_quickstart_survives_a_killed_rank(devcluster: Any, operator: Any) -> No
         prefix="quickstart",
         final_step=FINAL_STEP,
     )
-    assert listing, "nothing uploaded"
-    assert storage["verifiedStep"] == FINAL_STEP, storage
-    assert sorted(listing) == [f"step-{s:09d}" for s in storage["remoteSteps"]], storage
-    for folder, objects in listing.items():
-        assert manifest.MANIFEST_NAME in objects, f"{folder} has no manifest: {sorted(objects)}"
-        key = f"quickstart/{folder}/{manifest.MANIFEST_NAME}"
-        parsed = manifest.parse_manifest(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-        assert parsed.step == int(folder.removeprefix("step-"))
-        for entry in parsed.files:
-            body = s3.get_object(
-                Bucket=bucket, Key=f"quickstart/{folder}/{parsed.data_key(entry.path)}"
-            )["Body"].read()
-            assert len(body) == entry.size
-            assert f"{checksums.crc32c(body):08x}" == entry.crc32c
-    assert f"step-{FINAL_STEP:09d}" in listing
 
     pods = core.list_namespaced_pod(namespace, label_selector="cairn.dev/job-name=quickstart")
     rank0 = [p for p in pods.items if p.metadata.labels["cairn.dev/rank"] == "0"]

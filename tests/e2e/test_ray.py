@@ -22,10 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from awscrt import checksums
 from kubernetes import client
 
-from cairn.api import manifest
 from tests import demo
 from tests.e2e import rayjobs
 
@@ -108,10 +106,9 @@ def _uploads_verify(run: Run, job: dict[str, Any]) -> None:
     assert ckpts["lastCommitted"]["step"] == FINAL_STEP
     assert ckpts["lastUploaded"]["step"] == FINAL_STEP
     prefix = job["spec"]["checkpoint"]["upload"]["uri"].removeprefix(f"s3://{run.bucket}/")
-    s3 = run.devcluster.target.s3_client()
     # The operator's S3 pass runs beside the lifecycle: verified, and done
     # rotating, possibly shortly after Succeeded.
-    listing, storage = demo.settled_s3_listing(
+    demo.assert_s3_steps_verify(
         custom=run.custom,
         target=run.devcluster.target,
         namespace=run.namespace,
@@ -121,19 +118,6 @@ def _uploads_verify(run: Run, job: dict[str, Any]) -> None:
         final_step=FINAL_STEP,
         timeout=VERIFY_TIMEOUT,
     )
-    assert storage.get("verifiedStep") == FINAL_STEP, storage
-    assert sorted(listing) == [f"step-{s:09d}" for s in storage["remoteSteps"]], storage
-    assert f"step-{FINAL_STEP:09d}" in listing
-    for folder, objects in listing.items():
-        assert manifest.MANIFEST_NAME in objects, f"{folder} has no manifest: {sorted(objects)}"
-        key = f"{prefix}/{folder}/{manifest.MANIFEST_NAME}"
-        parsed = manifest.parse_manifest(s3.get_object(Bucket=run.bucket, Key=key)["Body"].read())
-        for entry in parsed.files:
-            data = s3.get_object(
-                Bucket=run.bucket, Key=f"{prefix}/{folder}/{parsed.data_key(entry.path)}"
-            )["Body"].read()
-            assert len(data) == entry.size
-            assert f"{checksums.crc32c(data):08x}" == entry.crc32c
 
 
 def _same_as_baseline(
