@@ -81,6 +81,9 @@ focused record run: `quarantine,upload` puts 20 quarantine kills in 40)."""
 SURVIVOR_GRACE = 30.0
 WORLD = 2
 SAVES_PER_ATTEMPT = 4
+ATTEMPTS_PER_KILL = 3
+"""A chain gives up after kills * ATTEMPTS_PER_KILL attempts (an attempt the
+kill missed runs to its end, up to SAVES_PER_ATTEMPT steps past the last)."""
 JOB_UID = "c0ffee00-0000-4000-8000-00000000kill"
 CHAINS = 2
 
@@ -215,7 +218,7 @@ def run_chain(
     remote_steps: set[int] = set()
     corrupted: list[kill_corrupt.Corrupted] = []  # followed until found quarantined
     attempt = 0
-    while tally_kills(tally, index) < kills and attempt < kills * 3:
+    while tally_kills(tally, index) < kills and attempt < kills * ATTEMPTS_PER_KILL:
         start = max(expected or 0, newest_local or 0)
         target = rng.randint(start + 1, start + SAVES_PER_ATTEMPT)
         # Deterministic: a phase is retried until a kill lands there.
@@ -476,7 +479,11 @@ def test_randomized_kill_trials(
         "_t0": time.monotonic(),
     }
     per_chain = -(-kills // CHAINS)
-    reference = reference_dumps(tmp_path, steps=per_chain * SAVES_PER_ATTEMPT + 8)
+    # Each attempt ends at most SAVES_PER_ATTEMPT steps past the newest step
+    # before it, and attempts the kill missed count too: the reference covers
+    # every step a chain can reach (the bound 28 of 5 kills was passed once,
+    # a restore at step 29; 60 steps cost ~1 s more).
+    reference = reference_dumps(tmp_path, steps=per_chain * ATTEMPTS_PER_KILL * SAVES_PER_ATTEMPT)
     tally = Tally()
     with concurrent.futures.ThreadPoolExecutor(max_workers=CHAINS) as pool:
         futures = [
