@@ -2,19 +2,22 @@
 
 Covers: publish/gather across ranks, broadcast/wait_for, poll, first
 proposal wins, namespaces isolate attempts, and a missing rank makes a
-wait fail within its bound with a clear error.
+wait fail within its bound with a clear error; heartbeats: a gather ends
+early naming a rank whose counter stopped, never on a slow rank that still
+beats, a rank never seen beating or a dead group's last beat.
 """
 
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 import typing
 
 import pytest
 import torch.distributed as dist
 
-from cairn.checkpoint import coordinator, errors
+from cairn.checkpoint import coordinator, errors, liveness
 
 
 @pytest.fixture
@@ -71,3 +74,81 @@ def test_local_coordinator_is_a_world_of_one() -> None:
     assert local.gather("w", timeout=1) == [{"x": 1}]
     assert local.propose("r", {"a": 1}) == {"a": 1}
     assert local.propose("r", {"a": 2}) == {"a": 1}
+
+
+# -- heartbeats: a gather ends early on a rank that stopped beating -----------------
+
+
+def beating(
+    store: coordinator.Store, incarnation: str = "group-0", namespace: str = "a0"
+) -> list[coordinator.StoreCoordinator]:
+    made = pair(store, namespace)
+    for coord in made:
+        coord.start_heartbeat(incarnation, every=0.05, dead_after=0.5)
+    return made
+
+
+def test_gather_ends_early_naming_a_rank_whose_heartbeat_stopped(store: coordinator.Store) -> None:
+    zero, one = beating(store)
+    zero.publish("request/0/at", {"step": 3})
+    one.close()  # rank 1's process is gone: its counter stops
+    with pytest.raises(errors.PeerLostError, match=r"rank 1's heartbeat has not moved"):
+        zero.gather("request/0/at", timeout=600)
+    zero.close()
+
+
+def test_a_slow_rank_that_still_beats_is_waited_for(store: coordinator.Store) -> None:
+    zero, one = beating(store)
+    zero.publish("w", {"rank": 0})
+    # Rank 1 reports well after dead_after (0.5 s), beating all along.
+    late = threading.Timer(2.0, lambda: one.publish("w", {"rank": 1}))
+    late.start()
+    try:
+        assert zero.gather("w", timeout=600) == [{"rank": 0}, {"rank": 1}]
+    finally:
+        late.join()
+        zero.close()
+        one.close()
+
+
+def rank_zero_waits_out_its_bound(store: coordinator.Store, incarnation: str) -> None:
+    """Rank 0 of `incarnation` (beating) gathers without rank 1: the plain timeout."""
+    zero, _ = pair(store)
+    zero.start_heartbeat(incarnation, every=0.05, dead_after=0.2)
+    zero.publish("w", {})
+    with pytest.raises(errors.CoordinationTimeoutError, match="within 2s") as raised:
+        zero.gather("w", timeout=2)
+    assert not isinstance(raised.value, errors.PeerLostError)
+    zero.close()
+
+
+def test_a_rank_never_seen_beating_gets_the_whole_bound(store: coordinator.Store) -> None:
+    rank_zero_waits_out_its_bound(store, "group-0")
+
+
+def test_a_dead_groups_last_beat_is_not_read(store: coordinator.Store) -> None:
+    """Group 0's rank 1 died (its counter frozen); group 1's rank 1 is not up yet."""
+    old_zero, old_one = beating(store, "group-0")
+    old_one.close()
+    old_zero.close()
+    rank_zero_waits_out_its_bound(store, "group-1")
+
+
+def test_a_world_of_one_starts_no_heartbeat(store: coordinator.Store) -> None:
+    alone = coordinator.StoreCoordinator(store, rank=0, world_size=1, namespace="solo")
+    alone.start_heartbeat("group-0")
+    assert not store.check(["solo/alive/group-0/0"])
+    alone.close()
+
+
+def test_peer_watch_counts_silence_from_the_first_unchanged_reading() -> None:
+    watch = liveness.PeerWatch(dead_after=10.0)
+    watch.observe(1, None, now=0.0)
+    assert watch.silent_for(1, now=5.0) is None  # never seen: not presumed dead
+    watch.observe(1, "7", now=1.0)
+    watch.observe(1, "7", now=9.0)
+    assert watch.presumed_dead([1], now=10.9) == []
+    assert watch.presumed_dead([1], now=11.0) == [1]
+    watch.observe(1, "8", now=12.0)  # it moved: alive again
+    assert watch.presumed_dead([1], now=21.0) == []
+    assert watch.silent_for(1, now=21.0) == 9.0

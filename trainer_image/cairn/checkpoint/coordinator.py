@@ -10,20 +10,29 @@ the training process group are never used here: an async save that issues
 them while FSDP keeps training deadlocks (docs/checkpointing.md, "The lifecycle of a step").
 
 Keys are namespaced by attempt, so a store shared across restarts never
-mixes the reports of two attempts. Every wait is bounded.
+mixes the reports of two attempts. Every wait is bounded, and a gather ends
+early, naming the rank, once a missing rank's heartbeat has stopped
+(`cairn.checkpoint.liveness`; started by the manager that owns the coordinator).
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import threading
+import time
 import typing
 
 import torch.distributed as dist
 
-from cairn.checkpoint import errors, monitor
+from cairn.checkpoint import errors, liveness, monitor
+
+log = logging.getLogger(__name__)
+
+LIVENESS_CHECK_SECONDS = 0.5
+"""How often a waiting gather reads its missing ranks' heartbeats."""
 
 
 class Store(typing.Protocol):
@@ -75,8 +84,39 @@ class StoreCoordinator:
         self._world_size = world_size
         self._ns = namespace.rstrip("/")
         # TCPStore clients are not documented as thread-safe; the writer
-        # thread and the training thread both use this one.
+        # thread, the training thread and the heartbeat all use this one.
         self._lock = threading.Lock()
+        self._heartbeat: _Heartbeat | None = None
+        self._watch = liveness.PeerWatch()
+
+    def start_heartbeat(
+        self,
+        incarnation: str,
+        *,
+        every: float = liveness.HEARTBEAT_SECONDS,
+        dead_after: float = liveness.PRESUMED_DEAD_SECONDS,
+    ) -> None:
+        """Beat this rank's counter under `incarnation` (the worker group: a dead
+        group's counters are never read) and end gathers early on ranks whose
+        counter stopped. Idempotent; `close` stops it."""
+        if self._heartbeat is not None or self._world_size <= 1:
+            return
+        self._watch = liveness.PeerWatch(dead_after=dead_after)
+        key = self._alive_key(incarnation, self._rank)
+
+        def post(count: int) -> None:
+            with self._lock:
+                self._store.set(key, str(count))
+
+        self._heartbeat = _Heartbeat(post, incarnation=incarnation, every=every)
+
+    def close(self) -> None:
+        """Stop the heartbeat (peers may then presume this rank gone)."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+
+    def _alive_key(self, incarnation: str, rank: int) -> str:
+        return self._key(f"alive/{incarnation}/{rank}")
 
     @property
     def rank(self) -> int:
@@ -89,9 +129,13 @@ class StoreCoordinator:
     def _key(self, key: str) -> str:
         return f"{self._ns}/{key}"
 
-    def _wait(self, keys: list[str], timeout: float, what: str) -> None:
+    def _wait(
+        self, keys: list[str], timeout: float, what: str, *, ranks: list[int] | None = None
+    ) -> None:
+        """Until every key is set; `ranks[i]` posts `keys[i]` (liveness checked)."""
         # Poll with short waits so the lock is not held for the whole bound.
         deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout)
+        next_check = time.monotonic() + LIVENESS_CHECK_SECONDS
         while True:
             with self._lock:
                 if self._store.check(keys):
@@ -101,7 +145,29 @@ class StoreCoordinator:
                     f"rank {self._rank}: no report for {what} within {timeout:.0f}s "
                     "(a rank died or stalled)"
                 )
+            if ranks is not None and self._heartbeat is not None and time.monotonic() >= next_check:
+                self._fail_on_dead_peers(keys, ranks, what)
+                next_check = time.monotonic() + LIVENESS_CHECK_SECONDS
             threading.Event().wait(0.02)
+
+    def _fail_on_dead_peers(self, keys: list[str], ranks: list[int], what: str) -> None:
+        """Raise PeerLostError if a rank that has not posted its key stopped beating."""
+        heartbeat = typing.cast(_Heartbeat, self._heartbeat)
+        with self._lock:
+            missing = [r for k, r in zip(keys, ranks, strict=True) if not self._store.check([k])]
+            for rank in missing:
+                key = self._alive_key(heartbeat.incarnation, rank)
+                beat = self._store.get(key).decode() if self._store.check([key]) else None
+                self._watch.observe(rank, beat, time.monotonic())
+        dead = self._watch.presumed_dead(missing, time.monotonic())
+        if dead:
+            silent = self._watch.silent_for(dead[0], time.monotonic()) or 0.0
+            raise errors.PeerLostError(
+                f"rank {self._rank}: no report for {what}: rank {dead[0]}'s heartbeat has "
+                f"not moved for {silent:.0f}s (presumed dead"
+                + (f"; also ranks {dead[1:]}" if dead[1:] else "")
+                + ")"
+            )
 
     def publish(self, key: str, value: dict[str, typing.Any]) -> None:
         with self._lock:
@@ -109,7 +175,7 @@ class StoreCoordinator:
 
     def gather(self, key: str, *, timeout: float) -> list[dict[str, typing.Any]]:
         keys = [self._key(f"{key}/{r}") for r in range(self._world_size)]
-        self._wait(keys, timeout, key)
+        self._wait(keys, timeout, key, ranks=list(range(self._world_size)))
         with self._lock:
             return [json.loads(self._store.get(k)) for k in keys]
 
@@ -135,6 +201,46 @@ class StoreCoordinator:
             won = self._store.compare_set(self._key(key), "", json.dumps(value))
         result: dict[str, typing.Any] = json.loads(won)
         return result
+
+
+class _Heartbeat:
+    """A daemon thread that moves one rank's counter every `every` seconds.
+
+    Its own thread: a training step, a long restore or a GIL-releasing
+    collective never delays a beat. A store error is logged once and the
+    beat goes on trying (the store may come back; if not, peers presume this
+    rank gone, which is then true of its part in the job)."""
+
+    def __init__(
+        self, post: typing.Callable[[int], None], *, incarnation: str, every: float
+    ) -> None:
+        self.incarnation = incarnation
+        self._post = post
+        self._every = every
+        self._stopped = threading.Event()
+        self._beats = 0
+        self._warned = False
+        self._beat()  # posted before the first wait can look for it
+        self._thread = threading.Thread(target=self._run, name="cairn-ckpt-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        self._beats += 1
+        try:
+            self._post(self._beats)
+        except Exception as exc:  # the store's failure is the waiters' to report
+            if not self._warned:
+                self._warned = True
+                log.warning("checkpoint heartbeat: the store refused a beat (%s)", exc)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._every):
+            self._beat()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        # Bounded: a beat stuck in a hung store is not waited for (daemon).
+        self._thread.join(timeout=2 * self._every + 1.0)
 
 
 class LocalCoordinator:

@@ -27,6 +27,11 @@ class CoordinationTimeoutError(CheckpointError):
     """Another rank did not report within the bound (dead or stalled)."""
 
 
+class PeerLostError(CoordinationTimeoutError):
+    """A rank that had not reported stopped its heartbeat: presumed dead, the
+    wait ends before its bound (`cairn.checkpoint.liveness`)."""
+
+
 class ConfigurationError(CheckpointError):
     """The job as written cannot resume: a deterministic start-up problem that a
     restart cannot fix (resume target missing, unloadable or of a newer

@@ -89,6 +89,25 @@ class CheckpointManager:
         another backend (e.g. Ray) or an instrumented client."""
         self._coord = wiring.coordinator_for(opts, given=coordinator)
         opts = wiring.with_torchrun_group(opts, coordinator=self._coord)
+        # A coordinator the caller passed in is the caller's to run.
+        self._heartbeat = coordinator is None and wiring.start_heartbeat(
+            self._coord, group=opts.group
+        )
+        try:
+            self._start(opts, callbacks=callbacks, s3_client=s3_client)
+        except BaseException:
+            if self._heartbeat:
+                wiring.stop_heartbeat(self._coord)
+            raise
+
+    def _start(
+        self,
+        opts: options.CheckpointOptions,
+        *,
+        callbacks: typing.Sequence[events.ProgressCallback],
+        s3_client: S3Client | None,
+    ) -> None:
+        """The rest of construction (the heartbeat is stopped if it raises)."""
         self._rank = self._coord.rank
         self._feed = status_feed.StatusFeed.from_env(opts) if self._rank == 0 else None
         self._opts = opts = wiring.with_fences(opts, coordinator=self._coord, feed=self._feed)
@@ -398,6 +417,9 @@ class CheckpointManager:
                     self._pg = None
             if self._feed is not None:
                 self._feed.close()  # the last state, the final commit included
+            if self._heartbeat:
+                # Last: every wait of this close still tells a dead peer early.
+                wiring.stop_heartbeat(self._coord)
 
     def _leave_together(self, group: dist.ProcessGroup) -> bool:
         """No rank leaves before every rank has closed: without an agent's store

@@ -3,7 +3,8 @@
 Built once when a manager starts, never changed after:
 
 - the coordinator (default: the c10d store of the default process group,
-  under a namespace unique to this manager of this attempt);
+  under a namespace unique to this manager of this attempt) and its
+  heartbeat (a gather gives up early on a rank whose beat stopped);
 - the writer's group under torchrun in-place restarts (`with_torchrun_group`);
 - the fences a commit checks: the caller's, the API server's (rank 0 under
   the operator, `status_feed`) and the Ray monitor's (a replaced rank-actor
@@ -39,6 +40,21 @@ def coordinator_for(
     each other's keys (the counter advances either way)."""
     namespace = f"cairn-ckpt/attempt-{opts.attempt}/manager-{next(_instances)}"
     return given or coordinator_mod.from_default_group(namespace=namespace)
+
+
+def start_heartbeat(coordinator: coordinator_mod.Coordinator, *, group: int) -> bool:
+    """Start the heartbeat of a store coordinator this manager built (the
+    Ray monitor knows its actors; a world of one has no peer). Keyed by the
+    worker group: a new group never reads a dead group's last beat."""
+    if not isinstance(coordinator, coordinator_mod.StoreCoordinator):
+        return False
+    coordinator.start_heartbeat(f"group-{group}")
+    return True
+
+
+def stop_heartbeat(coordinator: coordinator_mod.Coordinator) -> None:
+    if isinstance(coordinator, coordinator_mod.StoreCoordinator):
+        coordinator.close()
 
 
 def with_torchrun_group(
