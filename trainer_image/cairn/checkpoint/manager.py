@@ -402,6 +402,11 @@ class CheckpointManager:
             self._executor.shutdown(wait=self._abandoned is None, cancel_futures=True)
             if self._stager is not None:
                 self._stager.close()
+            if self._heartbeat:
+                # After this close's last store wait (a dead peer is still told
+                # early there), before the last barrier: a rank 0 that hosts the
+                # store may leave right after it, and a beat must not follow.
+                wiring.stop_heartbeat(self._coord)
             if self._pg is not None:
                 # A failed close neither waits for the others nor joins the
                 # group's threads: a collective stuck on a dead peer would
@@ -417,9 +422,6 @@ class CheckpointManager:
                     self._pg = None
             if self._feed is not None:
                 self._feed.close()  # the last state, the final commit included
-            if self._heartbeat:
-                # Last: every wait of this close still tells a dead peer early.
-                wiring.stop_heartbeat(self._coord)
 
     def _leave_together(self, group: dist.ProcessGroup) -> bool:
         """No rank leaves before every rank has closed: without an agent's store
