@@ -416,7 +416,9 @@ def assert_s3_steps_verify(
         time.sleep(0.5)
     assert listing, "nothing uploaded"
     assert storage.get("verifiedStep") == final_step, storage
-    assert sorted(listing) == [f"step-{s:09d}" for s in storage["remoteSteps"]], storage
+    assert sorted(listing) == [manifest_mod.step_dir_name(s) for s in storage["remoteSteps"]], (
+        storage
+    )
     assert manifest_mod.step_dir_name(final_step) in listing, sorted(listing)
     s3 = target.s3_client()
     for folder, objects in listing.items():

@@ -145,23 +145,26 @@ class StoreCoordinator:
                     f"rank {self._rank}: no report for {what} within {timeout:.0f}s "
                     "(a rank died or stalled)"
                 )
-            if ranks is not None and self._heartbeat is not None and time.monotonic() >= next_check:
-                self._fail_on_dead_peers(keys, ranks, what)
+            beating = self._heartbeat
+            if ranks is not None and beating is not None and time.monotonic() >= next_check:
+                self._fail_on_dead_peers(keys, ranks, what, incarnation=beating.incarnation)
                 next_check = time.monotonic() + LIVENESS_CHECK_SECONDS
             threading.Event().wait(0.02)
 
-    def _fail_on_dead_peers(self, keys: list[str], ranks: list[int], what: str) -> None:
+    def _fail_on_dead_peers(
+        self, keys: list[str], ranks: list[int], what: str, *, incarnation: str
+    ) -> None:
         """Raise PeerLostError if a rank that has not posted its key stopped beating."""
-        heartbeat = typing.cast(_Heartbeat, self._heartbeat)
         with self._lock:
             missing = [r for k, r in zip(keys, ranks, strict=True) if not self._store.check([k])]
             for rank in missing:
-                key = self._alive_key(heartbeat.incarnation, rank)
+                key = self._alive_key(incarnation, rank)
                 beat = self._store.get(key).decode() if self._store.check([key]) else None
                 self._watch.observe(rank, beat, time.monotonic())
-        dead = self._watch.presumed_dead(missing, time.monotonic())
+        now = time.monotonic()
+        dead = self._watch.presumed_dead(missing, now)
         if dead:
-            silent = self._watch.silent_for(dead[0], time.monotonic()) or 0.0
+            silent = self._watch.silent_for(dead[0], now) or 0.0
             raise errors.PeerLostError(
                 f"rank {self._rank}: no report for {what}: rank {dead[0]}'s heartbeat has "
                 f"not moved for {silent:.0f}s (presumed dead"

@@ -3,7 +3,8 @@
 A rank waiting in a coordinator gather for a peer that was SIGKILLed waits
 for the whole bound (the final checkpoint's: the grace period less a margin,
 54 s of a 60 s grace), then gives up with "no report". Each rank's manager
-beats a counter in the store from its own thread (`coordinator.Heartbeat`),
+beats a counter in the store from its own thread
+(`StoreCoordinator.start_heartbeat`),
 whatever the training thread is doing; a waiter that sees a missing rank's
 counter stay put for `PRESUMED_DEAD_SECONDS` gives up early, naming it.
 

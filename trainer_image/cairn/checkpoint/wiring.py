@@ -43,9 +43,10 @@ def coordinator_for(
 
 
 def start_heartbeat(coordinator: coordinator_mod.Coordinator, *, group: int) -> bool:
-    """Start the heartbeat of a store coordinator this manager built (the
-    Ray monitor knows its actors; a world of one has no peer). Keyed by the
-    worker group: a new group never reads a dead group's last beat."""
+    """Start the heartbeat of a store coordinator this manager built (none
+    under Ray, whose driver replaces a group whose actor died; none in a
+    world of one). Keyed by the worker group: a new group never reads a dead
+    group's last beat."""
     if not isinstance(coordinator, coordinator_mod.StoreCoordinator):
         return False
     coordinator.start_heartbeat(f"group-{group}")
