@@ -3,8 +3,9 @@
 Covers: publish/gather across ranks, broadcast/wait_for, poll, first
 proposal wins, namespaces isolate attempts, and a missing rank makes a
 wait fail within its bound with a clear error; heartbeats: a gather ends
-early naming a rank whose counter stopped, never on a slow rank that still
-beats, a rank never seen beating or a dead group's last beat.
+early naming a rank whose counter stopped (and so does a wait for rank 0's
+broadcast), never on a slow rank that still beats, a rank never seen beating
+or a dead group's last beat.
 """
 
 from __future__ import annotations
@@ -95,6 +96,30 @@ def test_gather_ends_early_naming_a_rank_whose_heartbeat_stopped(store: coordina
     with pytest.raises(errors.PeerLostError, match=r"rank 1's heartbeat has not moved"):
         zero.gather("request/0/at", timeout=600)
     zero.close()
+
+
+def test_wait_for_ends_early_when_the_broadcasters_heartbeat_stopped(
+    store: coordinator.Store,
+) -> None:
+    zero, one = beating(store)
+    zero.close()  # rank 0 died before broadcasting its decision
+    started = time.monotonic()
+    with pytest.raises(errors.PeerLostError, match=r"no report for init: rank 0's heartbeat"):
+        one.wait_for("init", timeout=600)
+    assert time.monotonic() - started < 60  # 0.5 s presumed dead here, not the 600 s bound
+    one.close()
+
+
+def test_wait_for_waits_for_a_slow_broadcaster_that_still_beats(store: coordinator.Store) -> None:
+    zero, one = beating(store)
+    late = threading.Timer(2.0, lambda: zero.broadcast("init", {"ok": True}))
+    late.start()
+    try:
+        assert one.wait_for("init", timeout=600) == {"ok": True}
+    finally:
+        late.join()
+        zero.close()
+        one.close()
 
 
 def test_a_slow_rank_that_still_beats_is_waited_for(store: coordinator.Store) -> None:

@@ -10,8 +10,9 @@ the training process group are never used here: an async save that issues
 them while FSDP keeps training deadlocks (docs/checkpointing.md, "The lifecycle of a step").
 
 Keys are namespaced by attempt, so a store shared across restarts never
-mixes the reports of two attempts. Every wait is bounded, and a gather ends
-early, naming the rank, once a missing rank's heartbeat has stopped
+mixes the reports of two attempts. Every wait is bounded, and a gather (or a
+`wait_for` rank 0's broadcast) ends early, naming the rank, once a missing
+rank's heartbeat has stopped
 (`cairn.checkpoint.liveness`; started by the manager that owns the coordinator).
 """
 
@@ -33,6 +34,11 @@ log = logging.getLogger(__name__)
 
 LIVENESS_CHECK_SECONDS = 0.5
 """How often a waiting gather reads its missing ranks' heartbeats."""
+
+BROADCASTER = 0
+"""The rank whose `broadcast` the others `wait_for`: every decision one rank makes
+for all (the lineage, resume plan, installed download, commit, upload plans) is
+rank 0's, so a `wait_for` checks rank 0's heartbeat."""
 
 
 class Store(typing.Protocol):
@@ -63,10 +69,10 @@ class Coordinator(typing.Protocol):
         """Every rank's report for `key`, by rank; waits at most `timeout`."""
 
     def broadcast(self, key: str, value: dict[str, typing.Any]) -> None:
-        """Post one value for `key` (usually from rank 0)."""
+        """Post one value for `key` (rank 0's, `BROADCASTER`)."""
 
     def wait_for(self, key: str, *, timeout: float) -> dict[str, typing.Any]:
-        """The broadcast value of `key`; waits at most `timeout`."""
+        """Rank 0's broadcast value of `key`; waits at most `timeout`."""
 
     def poll(self, key: str) -> dict[str, typing.Any] | None:
         """The broadcast value of `key` if posted, else None; never blocks."""
@@ -187,7 +193,10 @@ class StoreCoordinator:
             self._store.set(self._key(key), json.dumps(value))
 
     def wait_for(self, key: str, *, timeout: float) -> dict[str, typing.Any]:
-        self._wait([self._key(key)], timeout, key)
+        # Ends early, like a gather, once the broadcaster's heartbeat stops: a
+        # rank 0 SIGKILLed before its decision no longer holds every peer for
+        # the whole bound.
+        self._wait([self._key(key)], timeout, key, ranks=[BROADCASTER])
         with self._lock:
             result: dict[str, typing.Any] = json.loads(self._store.get(self._key(key)))
         return result
