@@ -10,7 +10,7 @@ function entrypoints), so every in-place restart pays the interpreter start,
 arguments, parsed by torch's own parser (``torch.distributed.run``), and hands
 torch's elastic agent a FUNCTION entrypoint (`run_worker`) with the
 ``forkserver`` start method: the fork server is started once per pod, before
-the first rendezvous, with torch, ``torch.distributed`` and the checkpoint
+the first rendezvous, with torch, ``torch.distributed``, inductor's config and the checkpoint
 library imported (plus the modules ``--preload=a,b`` names, given first,
 e.g. the trainer module itself when importing it has no side effects), and
 every worker, first and restarted, is a fork of it. Everything
@@ -23,7 +23,7 @@ Differences from plain torchrun, all deliberate: ``--no-python`` is refused (a
 binary cannot fork warm); ``--start-method`` is always ``forkserver``; a
 worker's ``sys.exit(0)`` (or ``None``) is a success, any other exit code is
 the worker's exit code, as with a subprocess; the surviving workers of a
-group restarted in place get 0.5 s, not 30, to exit after the agent's SIGTERM
+group restarted in place get 0.1 s, not 30, to exit after the agent's SIGTERM
 (`stop_quickly_on_restart`: a survivor blocked on its dead peer held every
 restart for the full 30 s); a node waiting on c10d's redundancy list counts
 as waiting (`replacement_counts_as_waiting`: a pod replaced in place is seen
@@ -59,6 +59,13 @@ DEFAULT_PRELOAD = (
     "torch.distributed.checkpoint",
     "torch.distributed.elastic.multiprocessing",
     "cairn.checkpoint.manager",
+    # What torch.use_deterministic_algorithms and torch.compile import on
+    # their first call (inductor's config: sympy, mpmath, ~900 modules). A
+    # reproducible trainer calls the first at every start: measured with the
+    # reference trainer under this launcher, 0.9 s of each restarted worker's
+    # start was that import. Costs the fork server ~0.5 s (overlapping the
+    # first rendezvous) and ~100 MiB, shared with its forks.
+    "torch._inductor.config",
     # Rank 0's status feed under the operator (imported lazily there, about
     # 0.2 s a worker); skipped by the fork server where not installed.
     "kubernetes.client",
@@ -193,14 +200,16 @@ def _short_socket_dir() -> None:
         tempfile.tempdir = saved
 
 
-RESTART_STOP_SECONDS = 0.5
+RESTART_STOP_SECONDS = 0.1
 """How long a worker of a group being restarted in place may take to exit on
 SIGTERM before the agent SIGKILLs it (torch: 30 s, as for a final shutdown).
 A survivor is blocked on its dead peer (it never reaches the step boundary
 where SIGTERM's final checkpoint would start) and has nothing to save: the
 new group restores the newest committed step, and a commit is a rename, so
 a kill mid-write leaves only a temporary folder the next start removes.
-2 s until 2026-11-28: every kill's survivor used all of it."""
+Enough for a worker without a SIGTERM handler (Python's default exits at
+once) to end on its own. 2 s until 2026-11-28, then 0.5 s: every kill's
+survivor used all of it ("Unable to shutdown process ... via 15")."""
 
 
 def stop_quickly_on_restart(
