@@ -37,8 +37,8 @@ LIVENESS_CHECK_SECONDS = 0.5
 
 BROADCASTER = 0
 """The rank whose `broadcast` the others `wait_for`: every decision one rank makes
-for all (the lineage, resume plan, installed download, commit, upload plans) is
-rank 0's, so a `wait_for` checks rank 0's heartbeat."""
+for all (the lineage, resume plan, installed download, commit, volume init, upload
+plans and verdicts) is rank 0's, so a `wait_for` checks rank 0's heartbeat."""
 
 
 class Store(typing.Protocol):

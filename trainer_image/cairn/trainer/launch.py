@@ -10,8 +10,8 @@ function entrypoints), so every in-place restart pays the interpreter start,
 arguments, parsed by torch's own parser (``torch.distributed.run``), and hands
 torch's elastic agent a FUNCTION entrypoint (`run_worker`) with the
 ``forkserver`` start method: the fork server is started once per pod, before
-the first rendezvous, with torch, ``torch.distributed``, inductor's config and the checkpoint
-library imported (plus the modules ``--preload=a,b`` names, given first,
+the first rendezvous, with torch, ``torch.distributed``, inductor's config and
+the checkpoint library imported (plus the modules ``--preload=a,b`` names, given first,
 e.g. the trainer module itself when importing it has no side effects), and
 every worker, first and restarted, is a fork of it. Everything
 else is torchrun's agent unchanged: rendezvous, ``maxInPlaceRestarts``
