@@ -81,9 +81,12 @@ focused record run: `quarantine,upload` puts 20 quarantine kills in 40)."""
 SURVIVOR_GRACE = 30.0
 WORLD = 2
 SAVES_PER_ATTEMPT = 4
-ATTEMPTS_PER_KILL = 3
+ATTEMPTS_PER_KILL = 4
 """A chain gives up after kills * ATTEMPTS_PER_KILL attempts (an attempt the
-kill missed runs to its end, up to SAVES_PER_ATTEMPT steps past the last)."""
+kill missed runs to its end, up to SAVES_PER_ATTEMPT steps past the last).
+3 until 2026-11-29: under CI's load (seed 4291054044) 11 attempts of the two
+chains ended before their fault point and one chain gave up after its 15
+attempts at 4 kills of 5 (the same seed replayed here: 5 missed, 10 kills)."""
 JOB_UID = "c0ffee00-0000-4000-8000-00000000kill"
 CHAINS = 2
 
