@@ -15,17 +15,22 @@ restart gives its surviving workers seconds, not torch's 30, to exit (the
 agent's own shutdown keeps 30; a torch without the methods keeps its stop);
 the c10d rendezvous polls every 0.1 s for small jobs (torch's 1 s from 100
 nodes), only its fixed poll and state cache shortened (a real two-node
-rendezvous under the patch: tests/integration/trainer/test_launch_rendezvous.py).
+rendezvous under the patch: tests/integration/trainer/test_launch_rendezvous.py);
+a failed worker's traceback is logged as the message's text (no ``exc_info``
+left for torch's formatter, whose import of torch._dynamo it avoids:
+tests/integration/trainer/test_launch_failure_log.py), once per logger.
 The launch itself (fork
 server, restarts on the devcluster) is covered by
 tests/e2e/test_torchrun_inplace.py.
 """
 
 import importlib
+import logging
 import pathlib
 import signal
 import sys
 import tomllib
+import typing
 
 import pytest
 
@@ -294,3 +299,44 @@ def test_a_rendezvous_without_the_functions_keeps_torchs_poll() -> None:
         "Holder", (), {"__init__": lambda self, backend, settings: None}
     )
     assert not launch.rendezvous_polls_quickly(module, seconds=0.1)
+
+
+def _record(exc_info: typing.Any) -> logging.LogRecord:
+    return logging.LogRecord(
+        "torch.distributed.elastic.multiprocessing.api",
+        logging.ERROR,
+        "api.py",
+        836,
+        "failed (exitcode: %s) local_rank: %s",
+        (-9, 0),
+        exc_info,
+    )
+
+
+def test_a_failed_workers_traceback_becomes_the_messages_text() -> None:
+    try:
+        raise RuntimeError("process 0 terminated with signal SIGKILL")
+    except RuntimeError:
+        record = _record(sys.exc_info())
+    assert launch.TracebackAsText().filter(record)
+    assert record.exc_info is None and record.exc_text is None and record.args is None
+    message = record.getMessage().splitlines()
+    assert message[0] == "failed (exitcode: -9) local_rank: 0"
+    assert message[1] == "Traceback (most recent call last):"
+    assert message[-1] == "RuntimeError: process 0 terminated with signal SIGKILL"
+    assert (record.levelno, record.lineno) == (logging.ERROR, 836)
+
+
+def test_a_record_without_a_traceback_is_left_as_it_is() -> None:
+    record = _record(None)
+    assert launch.TracebackAsText().filter(record)
+    assert (record.msg, record.args) == ("failed (exitcode: %s) local_rank: %s", (-9, 0))
+
+
+def test_the_filter_is_added_once_per_logger() -> None:
+    name = "cairn.tests.launch.failures"
+    launch.log_tracebacks_as_text([name])
+    launch.log_tracebacks_as_text([name])
+    filters = logging.getLogger(name).filters
+    assert sum(isinstance(f, launch.TracebackAsText) for f in filters) == 1
+    assert launch.FAILURE_LOGGERS == ("torch.distributed.elastic.multiprocessing.api",)

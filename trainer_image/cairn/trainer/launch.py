@@ -30,7 +30,10 @@ as waiting (`replacement_counts_as_waiting`: a pod replaced in place is seen
 at once, not after its lost predecessor's heartbeats expire); and the agents
 poll the c10d rendezvous every 0.1 s for jobs of up to 10 nodes instead of
 every second (`rendezvous_polls_quickly`: both waits of a restart's round
-were polls; torch's 1 s from 100 nodes on).
+were polls; torch's 1 s from 100 nodes on); and the agent logs a failed
+worker's traceback as text (`TracebackAsText`: torch's log formatter imports
+``torch._dynamo`` the first time it formats a traceback, 1.3 s in the agent
+at the first restart of every pod).
 """
 
 from __future__ import annotations
@@ -348,6 +351,48 @@ def rendezvous_polls_quickly(module: typing.Any, *, seconds: float) -> bool:
     return True
 
 
+FAILURE_LOGGERS = ("torch.distributed.elastic.multiprocessing.api",)
+"""The agent's loggers that log a failed worker with its traceback (``logger.exception``
+in the process context's poll: every in-place restart for a failed worker)."""
+
+
+class TracebackAsText(logging.Filter):
+    """Puts a record's traceback into its message, so torch's log formatter never
+    sees ``exc_info``.
+
+    torch's ``TorchLogsFormatter`` (the handler ``import torch`` installs on its
+    loggers) runs ``from torch._dynamo import config`` whenever it formats a
+    record with ``exc_info``: sympy, triton, functorch, DTensor's op tables,
+    1.3 s and ~150 MiB the first time in a process that has only torch and the
+    agent (measured here). The elastic agent logs every failed worker that way,
+    so the first in-place restart of each pod's agent paid the import before
+    it even joined the next round (py-spy on the devcluster's agents: 270 of
+    400 samples during a run's first kill were that import, in both pods: the
+    failed worker's agent and, 1.6 s later, the survivor's, whose worker had
+    failed on its own meanwhile because nobody had asked it to stop): the
+    first kill of a warm run took 4.4-5.8 s in five runs against 1.9-3.2 s
+    for the others. The text is what logging's own formatter writes for the
+    traceback; the record's level, logger and line are unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            text = record.exc_text or logging.Formatter().formatException(record.exc_info)
+            record.msg = f"{record.getMessage()}\n{text}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def log_tracebacks_as_text(names: typing.Iterable[str] = FAILURE_LOGGERS) -> None:
+    """Add `TracebackAsText` to each logger of `names` (once; a logger's own
+    filters survive torch re-initialising its log handlers)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, TracebackAsText) for f in logger.filters):
+            logger.addFilter(TracebackAsText())
+
+
 def launch(config: typing.Any, entry_args: list[str], preload: list[str]) -> None:
     """Start the warm fork server, then run torch's elastic agent until the group ends."""
     from torch.distributed.elastic.agent.server import local_elastic_agent
@@ -370,6 +415,7 @@ def launch(config: typing.Any, entry_args: list[str], preload: list[str]) -> Non
             "this torch's c10d rendezvous has no _delay/_BackendRendezvousStateHolder: "
             "agents poll the rendezvous every second"
         )
+    log_tracebacks_as_text()
     multiprocessing.set_forkserver_preload(preload)
     _short_socket_dir()
     # Started now, its imports overlap the first rendezvous; its environment is
