@@ -50,6 +50,8 @@ class CheckpointMonitor:
         self._values: dict[str, dict[str, typing.Any]] = {}
         self._preempt_at: float | None = None
         self._committed: int | None = None
+        self._proposed: set[str] = set()
+        """Commit keys whose manifest was proposed once (node-local: not committed yet)."""
 
     # -- fencing -------------------------------------------------------------------
 
@@ -113,8 +115,17 @@ class CheckpointMonitor:
         if reason:
             return {"fenced": reason}
         won = self._values.setdefault(key, value)
-        if won is value and "manifest" in value:
-            self._note_commit(key)
+        if "manifest" in value and won.get("manifest") == value["manifest"]:
+            # Rank 0 proposes the manifest once it committed (shared volume).
+            # Node-local volumes (the doc carries rank 0's `.metadata`): it
+            # proposes it FIRST so the other ranks commit their copies, then
+            # commits its own last and proposes again; a group killed in
+            # between committed nothing (both copies stay temporary folders,
+            # seen on the devcluster: fromStep 15, restored from 10), so only
+            # the second proposal counts.
+            if "metadata" not in value or key in self._proposed:
+                self._note_commit(key)
+            self._proposed.add(key)
         return {"value": won}
 
     def _note_commit(self, key: str) -> None:
