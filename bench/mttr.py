@@ -1,7 +1,8 @@
 """MTTR on the devcluster: SIGKILL of a rank's worker process -> its first training step after.
 
     python bench/mttr.py [--kills 5]
-        [--kinds pod,inplace,warm,warm-mem,lost-gang,lost-replace,ray-pod,ray,ray-mem]
+        [--kinds pod,inplace,warm,warm-mem,lost-gang,lost-replace,
+                 ray-pod,ray,ray-mem,ray-lost-gang,ray-lost]
 
 One job per kind (examples/quickstart.yaml's trainer, 2 nodes x 1 process,
 a checkpoint every 5 steps, 80 steps, ``restartPolicy.backoffSeconds: 0`` so
@@ -29,11 +30,18 @@ after the other on the running devcluster and operator:
   restarted by the operator (bench/ray_recovery_devcluster.py's ``pod`` job):
   the Ray rows' pod-level anchor;
 - ``ray``: the Ray runtime in place (its ``inplace`` job, SIGKILL of rank
-  1's actor); ``ray-mem``: the same with the memory tier on.
+  1's actor); ``ray-mem``: the same with the memory tier on;
+- ``ray-lost-gang`` and ``ray-lost``: the Ray worker pod lost (deleted
+  gracefully, as a drain or an eviction through the API does; its ``lost``
+  job), memory tier on. ``ray-lost-gang`` has ``ray.maxInPlaceRestarts: 0``:
+  every pod restarts (the behaviour before 2026-11-29, and ``ray-lost``'s
+  anchor); ``ray-lost`` keeps the budget: the operator replaces only that
+  pod, the driver places the group again on the new Ray node, and the new
+  rank restores from its peer's memory replica.
 
 The ratio column divides by the same runtime's pod-level median for the same
 fault (``pod`` for torchrun's process kills, ``lost-gang`` for its pod
-losses, ``ray-pod`` for Ray). Each kind's record keeps the tier its job's
+losses, ``ray-pod`` for Ray's kills, ``ray-lost-gang`` for its pod losses). Each kind's record keeps the tier its job's
 last restore came from (``resumedFrom.tier``).
 
 Each kill: once a step >= 10 (then 5 past the last recovery) is committed,
@@ -93,6 +101,8 @@ RAY_KINDS: dict[str, dict[str, Any]] = {
     "ray-pod": {"kill": "pod", "memory": False},
     "ray": {"kill": "inplace", "memory": False},
     "ray-mem": {"kill": "inplace", "memory": True},
+    "ray-lost-gang": {"kill": "lost", "memory": True, "in_place": 0},
+    "ray-lost": {"kill": "lost", "memory": True},
 }
 LABELS = {
     "pod": "torchrun, pod-level restart (maxInPlaceRestarts 0)",
@@ -104,6 +114,8 @@ LABELS = {
     "ray-pod": "Ray, pod-level restart (gang)",
     "ray": "Ray, in place",
     "ray-mem": "Ray, in place + memory tier",
+    "ray-lost-gang": "Ray, pod lost: every pod restarted (ray.maxInPlaceRestarts 0)",
+    "ray-lost": "Ray, pod lost: only it replaced, restore from peer memory",
 }
 
 
@@ -228,10 +240,11 @@ def last_tier(job: dict[str, Any]) -> str | None:
 
 def anchor(kind: str) -> str:
     """The kind whose median a kind's ratio divides by: the pod-level restart of
-    the same runtime after the same fault (``ray-pod`` for the Ray kinds,
-    ``lost-gang`` for a lost pod, ``pod`` for torchrun's process kills). Pure."""
+    the same runtime after the same fault (``ray-pod`` for Ray's kills,
+    ``ray-lost-gang`` for a lost Ray pod, ``lost-gang`` for a lost torchrun
+    pod, ``pod`` for torchrun's process kills). Pure."""
     if kind in RAY_KINDS:
-        return "ray-pod"
+        return "ray-lost-gang" if RAY_KINDS[kind]["kill"] == "lost" else "ray-pod"
     return "lost-gang" if TORCHRUN_KINDS[kind].get("lose") else "pod"
 
 
@@ -259,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/mttr.py")
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument(
-        "--kinds", default="pod,inplace,warm,warm-mem,lost-gang,lost-replace,ray-pod,ray,ray-mem"
+        "--kinds",
+        default="pod,inplace,warm,warm-mem,lost-gang,lost-replace,"
+        "ray-pod,ray,ray-mem,ray-lost-gang,ray-lost",
     )
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
@@ -276,7 +291,16 @@ def main(argv: list[str] | None = None) -> int:
             shape = RAY_KINDS[kind]
             loads_before = os.getloadavg()[0]
             bench = ray_recovery_devcluster.Bench(
-                target, api, shape["kill"], memory=rayjobs.MEMORY_TIER if shape["memory"] else None
+                target,
+                api,
+                shape["kill"],
+                memory=rayjobs.MEMORY_TIER if shape["memory"] else None,
+                in_place=shape.get("in_place", 10),
+                steps=(
+                    ray_recovery_devcluster.LOST_STEPS
+                    if shape["kill"] == "lost"
+                    else ray_recovery_devcluster.STEPS
+                ),
             )
             samples, loads = bench.run(args.kills), [loads_before]
             final = bench.final

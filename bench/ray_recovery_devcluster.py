@@ -10,11 +10,16 @@ not the configured backoff) on the running devcluster and operator:
   (its PID from the driver's ``group N started`` log line), ``--kills`` times,
   each after the new group committed a newer step;
 - pod level: SIGKILL the worker pod's process (the container's PID), the
-  same number of times, each after the new attempt committed a newer step.
+  same number of times, each after the new attempt committed a newer step;
+- lost: delete the worker pod (graceful, as a drain or an eviction through
+  the API does); with an in-place budget the operator replaces it and the
+  driver places the group again (same attempt), without one the gang
+  restarts (``in_place=0``).
 
 Recovery = from the kill to the first line rank 0 appends to its losses file
-afterwards (the same head pod's file in place; the new head pod's file after a
-gang restart), polled every 50 ms. Prints median, min and max per kind and
+afterwards (the same head pod's file in place, counted once the new group is
+in ``status.ray`` after a loss; the new head pod's file after a gang
+restart), polled every 50 ms. Prints median, min and max per kind and
 writes the samples as JSON.
 """
 
@@ -25,6 +30,7 @@ import json
 import pathlib
 import statistics
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -37,6 +43,9 @@ from tests import demo
 from tests.e2e import rayjobs
 
 STEPS = 80
+LOST_STEPS = 300
+"""A lost pod's job: its worker trains on through the 5 s lone-loss window
+(~25 steps) before each loss shows, so five losses need more steps."""
 STEP_TIMEOUT = 300.0
 
 
@@ -48,6 +57,8 @@ class Bench:
         kind: str,
         *,
         memory: dict[str, Any] | None = None,
+        in_place: int = 10,
+        steps: int = STEPS,
     ) -> None:
         self.target = target
         self.kind = kind
@@ -60,10 +71,10 @@ class Bench:
             api_client=api, target=target, namespace=self.namespace, bucket=bucket
         )
         self.body = rayjobs.manifest(
-            target, name=f"rec-{kind}", runtime="ray", bucket=bucket, steps=STEPS
+            target, name=f"rec-{kind}", runtime="ray", bucket=bucket, steps=steps
         )
         self.body["spec"]["restartPolicy"] = {"maxRestarts": 10, "backoffSeconds": 0}
-        self.body["spec"]["ray"]["maxInPlaceRestarts"] = 10
+        self.body["spec"]["ray"]["maxInPlaceRestarts"] = in_place
         if memory is not None:  # the memory tier (`checkpoint.memory`)
             self.body["spec"]["checkpoint"]["memory"] = dict(memory)
         self.samples: list[float] = []
@@ -88,6 +99,19 @@ class Bench:
             lines = rayjobs.loss_lines(state, self.namespace, head)
             killed_at = rayjobs.kill(groups[max(groups)][1])
             watch, after = head, lines
+        elif self.kind == "lost":
+            name = self.body["metadata"]["name"]
+            pod = f"{name}-a{status['attempt']}-n1"
+            if pod not in rayjobs.pod_uids(self.core, self.namespace, name):
+                return
+            group = ((status.get("ray") or {}).get("group")) or 0
+            killed_at = time.monotonic()
+            self.core.delete_namespaced_pod(pod, self.namespace)
+            if self.body["spec"]["ray"]["maxInPlaceRestarts"] > 0:
+                _wait_ray_group(self, after=group, deadline=killed_at + STEP_TIMEOUT)
+                watch, after = head, rayjobs.loss_lines(state, self.namespace, head)
+            else:
+                watch, after = f"{name}-a{status['attempt'] + 1}-n0", 0
         else:
             name = self.body["metadata"]["name"]
             pid = demo.rank_pid(self.core, namespace=self.namespace, job=name, rank=1)
@@ -116,6 +140,15 @@ class Bench:
         )
         self.core.delete_namespace(self.namespace)
         return self.samples
+
+
+def _wait_ray_group(bench: Bench, *, after: int, deadline: float) -> None:
+    """Until status.ray.group is past `after` (the driver records a new group
+    before it starts it; rank 0 may log a step of the old one meanwhile)."""
+    while ((bench.job().get("status") or {}).get("ray") or {}).get("group", 0) <= after:
+        if time.monotonic() > deadline:
+            raise AssertionError("no new rank-actor group after the pod loss")
+        time.sleep(0.05)
 
 
 def _summary(samples: list[float]) -> dict[str, float]:

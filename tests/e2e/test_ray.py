@@ -11,12 +11,17 @@ trainer, and the real S3 server, in a restricted-PSS namespace:
   uploaded file's CRC32C checking out;
 - the worker pod's process SIGKILLed → gang restart (attempt 2,
   ``status.ray.group`` back to 0) that resumes from a committed step;
+- the worker pod deleted (a drain) → only it is replaced, in attempt 1
+  (``status.podReplacements``, one ``ReplacingPod`` Warning, the head's UID
+  kept); the driver waits for the new Ray node, places the group again, and
+  the new rank restores its shard from its peer's memory replica;
 - suspend → final checkpoint → Suspended → resume → Succeeded;
-- in all three, the exported weights are bit-identical to an undisturbed
+- in all four, the exported weights are bit-identical to an undisturbed
   torchrun run of the same trainer and arguments, and so is every step's loss
   (the torchrun run with ``OMP_NUM_THREADS=1``, as Ray gives a 1-CPU actor).
 """
 
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +35,9 @@ from tests.e2e import rayjobs
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 FINAL_STEP = 40
+RECOVERY_TIMEOUT = 240.0
+LOST_STEP_DELAY = 0.6
+"""A lost pod's deadline to training again (a hang is a failure)."""
 RUN_TIMEOUT = 900.0
 VERIFY_TIMEOUT = 180.0
 
@@ -200,6 +208,80 @@ def test_worker_pod_killed_restarts_the_gang(devcluster: Any, operator: Any, bas
     _uploads_verify(run, job)
     _same_as_baseline(baseline, run.losses(job), run.weights(job))
     run.close()
+
+
+@pytest.mark.timeout(1500)
+def test_lost_worker_pod_is_replaced_in_place(
+    devcluster: Any, operator: Any, baseline: Any
+) -> None:
+    """The worker pod deleted (as a drain or an eviction through the API does):
+    only it is replaced, in attempt 1; the driver waits for the new Ray node,
+    places the group again and its rank restores from its peer's memory."""
+    run = Run(devcluster, runtime="ray", name="lost")
+    run.body["spec"]["checkpoint"]["memory"] = dict(rayjobs.MEMORY_TIER)
+    # Slower steps (the same losses and weights): the loss must land while
+    # there is training left after it (its SIGTERM, the 5 s lone-loss window
+    # and Ray's drain take ~8 s; at 0.2 s a step the job had finished).
+    args = run.body["spec"]["args"]
+    args[args.index("--step-delay") + 1] = str(LOST_STEP_DELAY)
+    worker = f"{run.name}-a1-n1"
+    seen: dict[str, Any] = {}
+    tiers: list[str] = []
+
+    def lose_the_worker_pod(job: dict[str, Any]) -> None:
+        resumed = (job.get("status") or {}).get("checkpoints", {}).get("resumedFrom") or {}
+        if "lost" in seen and resumed.get("tier") and resumed.get("tier") not in tiers:
+            tiers.append(resumed["tier"])
+        if "lost" in seen or not _running_past(job, 10):
+            return
+        uids = rayjobs.pod_uids(run.core, run.namespace, run.name)
+        if worker not in uids:
+            return
+        seen.update(uids=uids, lost=uids[worker], group=_ray(job).get("group") or 0)
+        head = run.head(job)
+        lines = rayjobs.loss_lines(devcluster.state_dir, run.namespace, head)
+        lost_at = time.monotonic()
+        run.core.delete_namespaced_pod(worker, run.namespace)  # graceful, as a drain
+        deadline = lost_at + RECOVERY_TIMEOUT
+        while (_ray(demo.get_job(run.custom, run.namespace, run.name)).get("group") or 0) <= seen[
+            "group"
+        ]:
+            assert time.monotonic() < deadline, "no new rank-actor group after the pod loss"
+            time.sleep(0.2)
+        lines = max(lines, rayjobs.loss_lines(devcluster.state_dir, run.namespace, head))
+        stepped = rayjobs.wait_new_step(
+            devcluster.state_dir, run.namespace, head, after_lines=lines, timeout=RECOVERY_TIMEOUT
+        )
+        seen["mttr"] = stepped - lost_at
+
+    job = run.run(lose_the_worker_pod)
+    status = job["status"]
+    assert status["phase"] == "Succeeded", status
+    assert "lost" in seen, "never reached a commit to lose the pod after"
+    assert (status["attempt"], status["restarts"]) == (1, 0), status
+    assert not any(r.phase == "Restarting" for r in run.rows), [r.line() for r in run.rows]
+    (replaced,) = status["podReplacements"]
+    assert (replaced["rank"], replaced["lostPodUid"]) == (1, seen["lost"]), replaced
+    assert replaced["replacementUid"] not in ("", seen["lost"]), replaced
+    uids = rayjobs.pod_uids(run.core, run.namespace, run.name)
+    assert uids[f"{run.name}-a1-n0"] == seen["uids"][f"{run.name}-a1-n0"]  # the head stayed
+    assert uids[worker] == replaced["replacementUid"]
+    (warning,) = run.events("ReplacingPod")
+    assert warning.type == "Warning" and "maxInPlaceRestarts=" in warning.message, warning
+    ray_status = status["ray"]
+    assert ray_status["inPlaceRestarts"] >= 1 and ray_status["group"] > seen["group"]
+    assert "Ray node is gone" in ray_status["lastInPlaceRestart"]["reason"], ray_status
+    # Rank 1's shard came from its peer's memory replica: its own pod's memory
+    # went with the pod (a memory restore says "peer" when any rank's did).
+    assert "peer" in tiers, (tiers, status["checkpoints"].get("resumedFrom"))
+    _uploads_verify(run, job)
+    _same_as_baseline(baseline, run.losses(job), run.weights(job))
+    print(f"    Ray worker pod lost: back to training after {seen['mttr']:.1f}s, tiers {tiers}")
+    run.close()
+
+
+def _ray(job: dict[str, Any]) -> dict[str, Any]:
+    return dict((job.get("status") or {}).get("ray") or {})
 
 
 @pytest.mark.timeout(1500)

@@ -45,8 +45,13 @@ def test_every_kind_has_a_label_and_an_anchor() -> None:
     assert lost == {"lost-gang", "lost-replace"}
     assert {mttr.anchor(kind) for kind in lost} == {"lost-gang"}
     assert {mttr.anchor(kind) for kind in set(mttr.TORCHRUN_KINDS) - lost} == {"pod"}
-    assert {mttr.anchor(kind) for kind in mttr.RAY_KINDS} == {"ray-pod"}
-    assert {"pod", "lost-gang", "ray-pod"} <= kinds  # every anchor is a kind the bench runs
+    ray_lost = {kind for kind, shape in mttr.RAY_KINDS.items() if shape["kill"] == "lost"}
+    assert ray_lost == {"ray-lost-gang", "ray-lost"}
+    assert {mttr.anchor(kind) for kind in ray_lost} == {"ray-lost-gang"}
+    assert {mttr.anchor(kind) for kind in set(mttr.RAY_KINDS) - ray_lost} == {"ray-pod"}
+    assert {"pod", "lost-gang", "ray-pod", "ray-lost-gang"} <= kinds  # anchors the bench runs
+    assert mttr.RAY_KINDS["ray-lost-gang"]["in_place"] == 0
+    assert mttr.RAY_KINDS["ray-lost"].get("in_place", 10) > 0
     # The anchor of a pod loss restarts every pod; the replacement keeps the budget.
     assert mttr.TORCHRUN_KINDS["lost-gang"]["in_place"] == 0
     assert mttr.TORCHRUN_KINDS["lost-replace"]["in_place"] > 0

@@ -354,7 +354,7 @@ class TorchrunStatus(RayStatus):
 
 
 class PodReplacement(_StatusModel):
-    """Runtime torchrun with in-place restarts: one lost pod the operator replaced
+    """Runtime torchrun or ray with in-place restarts: one lost pod the operator replaced
     within the attempt (operator-owned; docs/operator.md, "A lost pod replaced in
     place")."""
 
@@ -458,8 +458,9 @@ class TrainingJobStatus(_StatusModel):
     pod_replacements: list[PodReplacement] | None = pydantic.Field(
         default=None,
         max_length=1000,
-        description="Runtime torchrun with maxInPlaceRestarts: the lost pods of the current "
-        "attempt replaced in place (each one of maxInPlaceRestarts; cleared on a new attempt).",
+        description="Runtime torchrun or ray with maxInPlaceRestarts: the lost pods of the "
+        "current attempt replaced in place (each one of maxInPlaceRestarts; cleared on a new "
+        "attempt).",
     )
     conditions: list[Condition] | None = pydantic.Field(
         default=None,

@@ -1,4 +1,4 @@
-"""A lost pod replaced in place (runtime torchrun with in-place restarts), pure.
+"""A lost pod replaced in place (runtime torchrun or ray with in-place restarts), pure.
 
 Covers: a deleted rank-1 pod is recorded (status.podReplacements, one Warning
 Event), the attempt, phase and the other pod stay, and once its name is free
@@ -11,7 +11,13 @@ evicted (Failed) and Unknown pods are deleted by the operator, a pod being
 deleted is waited for; what ends the attempt as before: no in-place budget,
 rank 0's pod, an eviction the pod caused itself, a failed rank, a loss once
 a rank succeeded, the budget spent, a replacement not running within the
-deadline; a new attempt clears the records.
+deadline; a new attempt clears the records. Runtime ray: a worker's lost
+pod is replaced the same way, by the very pod first created (name, labels,
+env; an explicit resume target included), and an evicted one is deleted
+first; not replaced: the head's (rank 0, the driver's) pod, a job with
+``spec.ray.maxInPlaceRestarts: 0`` or one node; the budget is
+``spec.ray.maxInPlaceRestarts`` (the loss past it ends the attempt) and the
+Warning Event and ``Ready`` message name it.
 """
 
 import dataclasses
@@ -19,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from cairn.operator.core import conditions, jobobserve, replaceplan
+from cairn.operator.core import conditions, decisions, jobobserve, replaceplan
 
 from . import jobs
 from .test_plan_lifecycle import _run
@@ -228,3 +234,127 @@ def test_a_new_attempt_clears_the_records() -> None:
     _, job = _run(job, t=13 + wait)  # every pod gone, the backoff over: attempt 2
     assert job.status.phase == "Starting"
     assert job.status.attempt == 2 and job.status.pod_replacements is None
+
+
+# --- runtime ray: the head (rank 0) runs the driver; its workers are replaced --
+
+RAY_COMMAND = ["python", "-m", "cairn.trainer.raydriver", "cairn.trainer.reference:main", "--"]
+
+
+def _ray(**spec: Any) -> dict[str, Any]:
+    return {"runtime": "ray", "command": RAY_COMMAND, **spec}
+
+
+def _started_ray(**spec: Any) -> tuple[Any, Any]:
+    """A ray job whose attempt 1 runs (every rank), and rank 1's pod as first created."""
+    result, job = _run(jobs.job(**_ray(**spec)))
+    worker = next(c for c in result.creates if c["metadata"]["name"] == "demo-a1-n1")
+    _, job = _run(job, *(jobs.pod(1, rank) for rank in range(job.spec.nodes)), t=1)
+    assert job.status.phase == "Running"
+    return job, worker
+
+
+def _replacing(job: Any, *pods: jobobserve.ObservedPod, t: float) -> Any:
+    """replaceplan.replacing alone (None: the rest of the lifecycle decides)."""
+    return replaceplan.replacing(
+        job,
+        jobobserve.Observed(pods=pods),
+        decisions.Base(job.status),
+        settled=None,
+        cleanup=(),
+        now=jobs.at(t),
+    )
+
+
+def test_a_ray_workers_lost_pod_is_replaced_in_place() -> None:
+    job, original = _started_ray(ray={"maxInPlaceRestarts": 2})
+    assert replaceplan.enabled(job) and replaceplan.budget(job) == 2
+    result, job = _run(job, jobs.pod(1, 0), jobs.pod(1, 1, deleting=True), t=10)
+    assert (job.status.phase, job.status.attempt, job.status.restarts) == ("Running", 1, 0)
+    assert [(r.rank, r.lost_pod_uid, r.reason) for r in job.status.pod_replacements or ()] == [
+        (1, "pod-1-1", "pod deleted")
+    ]
+    assert result.deletes == () and _pod_creates(result) == []
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "ReplacingPod")]
+    ready = conditions.find(job.status.conditions, conditions.READY)
+    assert ready is not None and ready.reason == conditions.REASON_REPLACING_POD
+    # The name is free: the same pod (name, labels, env) in the same attempt.
+    result, job = _run(job, jobs.pod(1, 0), t=13)
+    assert _pod_creates(result) == ["demo-a1-n1"]
+    created = next(c for c in result.creates if c["kind"] == "Pod")
+    assert created == original
+    assert (job.status.phase, job.status.attempt) == ("Running", 1)
+    ready = conditions.find(job.status.conditions, conditions.READY)
+    assert ready is not None and ready.reason == conditions.REASON_REPLACING_POD
+    # It runs: plainly Running again, the record kept for the attempt.
+    _, job = _run(job, jobs.pod(1, 0), _replacement(1, 1, 1), t=15)
+    ready = conditions.find(job.status.conditions, conditions.READY)
+    assert ready is not None and ready.reason == conditions.REASON_RUNNING
+    assert [r.replacement_uid for r in job.status.pod_replacements or ()] == ["pod-1-1-r1"]
+
+
+def test_a_ray_workers_evicted_pod_is_deleted_then_replaced() -> None:
+    job, _ = _started_ray()
+    evicted = jobs.pod(1, 1, "Failed", pod_reason="Evicted", pod_message="node shutdown")
+    result, job = _run(job, jobs.pod(1, 0), evicted, t=10)
+    assert [d.name for d in result.deletes] == ["demo-a1-n1"]
+    assert job.status.phase == "Running" and len(job.status.pod_replacements or ()) == 1
+
+
+def test_a_ray_worker_recreated_in_place_resumes_like_its_peers() -> None:
+    # An explicit resume target (allowed with ray's in-place restarts): the
+    # replacement carries it too, the same spec as the pod it replaces.
+    job, original = _started_ray(checkpoint={"resume": {"step": 10}})
+    result, job = _run(job, jobs.pod(1, 0), t=10)
+    created = next(c for c in result.creates if c["kind"] == "Pod")
+    assert created == original
+    env = {e["name"]: e.get("value") for e in created["spec"]["containers"][0]["env"]}
+    assert env["CAIRN_RESUME_FROM"] == "step:10"
+
+
+def test_the_ray_heads_lost_pod_is_not_replaced() -> None:
+    # Rank 0 is the Ray head and runs the driver: the attempt ends.
+    job, _ = _started_ray()
+    head = jobs.pod(1, 0, deleting=True)
+    assert _replacing(job, head, jobs.pod(1, 1), t=10) is None
+    assert _replacing(job, jobs.pod(1, 1), t=10) is None  # gone altogether
+    job = _ends_the_attempt(job, head, jobs.pod(1, 1))
+    assert job.status.last_failure is not None and job.status.last_failure.rank == 0
+
+
+def test_a_ray_job_without_an_in_place_budget_is_not_replaced() -> None:
+    job, _ = _started_ray(ray={"maxInPlaceRestarts": 0})
+    assert not replaceplan.enabled(job)
+    assert _replacing(job, jobs.pod(1, 0), jobs.pod(1, 1, deleting=True), t=10) is None
+    job = _ends_the_attempt(job, jobs.pod(1, 0), jobs.pod(1, 1, deleting=True))
+    assert job.status.last_failure is not None
+    assert job.status.last_failure.reason == conditions.REASON_PREEMPTED
+
+
+def test_a_single_node_ray_job_is_not_replaced() -> None:
+    _, job = _run(jobs.job(**_ray(nodes=1)))
+    _, job = _run(job, jobs.pod(1, 0), t=1)
+    assert job.status.phase == "Running" and replaceplan.budget(job) == 3  # the default
+    assert not replaceplan.enabled(job)
+    assert _replacing(job, jobs.pod(1, 0, deleting=True), t=10) is None
+
+
+def test_a_ray_jobs_budget_is_spec_ray_max_in_place_restarts() -> None:
+    job, _ = _started_ray(ray={"maxInPlaceRestarts": 1})
+    _, job = _run(job, jobs.pod(1, 0), t=10)
+    _, job = _run(job, jobs.pod(1, 0), _replacement(1, 1, 1), t=12)
+    assert len(job.status.pod_replacements or ()) == 1
+    assert _replacing(job, jobs.pod(1, 0), t=20) is None  # the second loss
+    job = _ends_the_attempt(job, jobs.pod(1, 0), t=20)
+    assert job.status.last_failure is not None
+    assert "pod disappeared" in job.status.last_failure.message
+
+
+def test_a_ray_loss_event_names_the_budget_from_spec_ray() -> None:
+    job, _ = _started_ray(nodes=3, ray={"maxInPlaceRestarts": 5})
+    result, job = _run(job, jobs.pod(1, 0), jobs.pod(1, 1), jobs.pod(1, 2, deleting=True), t=10)
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", "ReplacingPod")]
+    assert "rank 2 lost (pod deleted)" in result.events[0].message
+    assert "1 of maxInPlaceRestarts=5 this attempt" in result.events[0].message
+    ready = conditions.find(job.status.conditions, conditions.READY)
+    assert ready is not None and "1 of maxInPlaceRestarts=5 replacement(s)" in ready.message

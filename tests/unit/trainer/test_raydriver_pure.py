@@ -1,6 +1,8 @@
-"""Pure parts of the Ray driver: bundle layout, rank env, GPU env, the recovery
-decision table, the command line, the status.ray patch, and the monitor's
-group fencing (the `CheckpointMonitor` class without Ray)."""
+"""Pure parts of the Ray driver: bundle layout (and the node order of a new
+placement after a node loss), rank env, GPU env, the recovery decision table
+(a lost node restarts in place on a new placement while the budget lasts), the
+command line, the status.ray patch, and the monitor's group fencing (the
+`CheckpointMonitor` class without Ray)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,22 @@ def test_layout_two_nodes_two_procs_pins_ranks_by_node() -> None:
     assert got.bundles == [{"CPU": 1}] * 4
     assert got.node_of_rank == [0, 0, 1, 1]
     assert [s[placement.NODE_ID_LABEL] for s in got.selectors] == ["head", "head", "w1", "w1"]
+
+
+def test_a_replacement_node_takes_the_lost_nodes_place_and_survivors_keep_theirs() -> None:
+    # w1 (node rank 1) lost; its replacement w9 takes rank 1, w2 keeps rank 2.
+    got = placement.keep_positions(["head", "w1", "w2"], ["w2", "head", "w9"])
+    assert got == ["head", "w9", "w2"]
+
+
+def test_two_lost_nodes_take_new_ones_by_id_and_extras_follow() -> None:
+    got = placement.keep_positions(["head", "w1", "w2"], ["head", "wb", "wa", "wc"])
+    assert got == ["head", "wa", "wb", "wc"]
+
+
+def test_a_lost_node_without_a_replacement_yet_cannot_be_placed() -> None:
+    with pytest.raises(ValueError, match="3 nodes wanted, 2 alive"):
+        placement.keep_positions(["head", "w1", "w2"], ["head", "w2"])
 
 
 def test_layout_gpu_bundle_carries_gpu() -> None:
@@ -95,10 +113,31 @@ def test_rank_died_while_preempting_exits_retryable() -> None:
     assert not got.restart and got.exit_code == recovery.RETRYABLE_EXIT_CODE
 
 
-def test_node_lost_exits_retryable_even_with_budget() -> None:
-    end = recovery.GroupEnd(kind="node_lost", rank=0, reason="node x not alive")
-    got = recovery.decide(end, restarts_done=0, budget=3, preempting=False)
+def _node_lost() -> recovery.GroupEnd:
+    return recovery.GroupEnd(kind="node_lost", rank=1, reason="node(s) ['x'] not alive")
+
+
+def test_node_lost_with_budget_restarts_in_place_on_a_new_placement() -> None:
+    got = recovery.decide(_node_lost(), restarts_done=1, budget=3, preempting=False)
+    assert got.restart and got.replace_nodes and got.exit_code == 0
+    assert "in-place restart 2/3 once its replacement joins" in got.reason
+
+
+def test_node_lost_with_the_budget_spent_exits_retryable() -> None:
+    got = recovery.decide(_node_lost(), restarts_done=3, budget=3, preempting=False)
+    assert not got.restart and not got.replace_nodes
+    assert got.exit_code == recovery.RETRYABLE_EXIT_CODE
+    assert "budget (3) is spent: pod-level restart" in got.reason
+
+
+def test_node_lost_while_the_job_stops_exits_retryable() -> None:
+    got = recovery.decide(_node_lost(), restarts_done=0, budget=3, preempting=True)
     assert not got.restart and got.exit_code == recovery.RETRYABLE_EXIT_CODE
+    assert "the job is stopping" in got.reason
+
+
+def test_a_rank_death_never_asks_for_new_nodes() -> None:
+    assert not recovery.decide(_died(), restarts_done=0, budget=3, preempting=False).replace_nodes
 
 
 def test_rank_raised_exits_one() -> None:
@@ -242,6 +281,24 @@ def test_monitor_propose_first_wins_and_remembers_the_commit() -> None:
     }
     mon.propose(0, "cairn-ckpt/attempt-1/manager-0/step-6/committed", {"error": "late"})
     assert mon.last_committed() == 4
+
+
+def test_monitor_counts_a_node_local_commit_only_once_rank_0_committed_its_copy() -> None:
+    # Node-local: rank 0 proposes the manifest (with its .metadata) so the
+    # others commit their copies, then commits its own and proposes again.
+    mon = monitor.CheckpointMonitor()
+    key = "cairn-ckpt/attempt-1/manager-0/step-{}/committed"
+    doc = {"manifest": {"step": 10}, "metadata": "bWV0YQ=="}
+    mon.propose(0, key.format(10), doc)
+    assert mon.last_committed() is None  # the others may commit; rank 0 has not
+    mon.propose(0, key.format(10), dict(doc))  # through Ray: a copy
+    assert mon.last_committed() == 10
+    # A group killed between the two proposals of step 15: still 10.
+    mon.propose(0, key.format(15), {"manifest": {"step": 15}, "metadata": "bWV0YQ=="})
+    assert mon.last_committed() == 10
+    # An error proposed after the first manifest never counts.
+    mon.propose(0, key.format(15), {"error": "killed"})
+    assert mon.last_committed() == 10
 
 
 def test_monitor_preemption_is_sticky() -> None:

@@ -9,7 +9,9 @@ job's token file (the user's RAY_AUTH_MODE/RAY_AUTH_TOKEN cannot undo it) and an
 empty token file refused, the dashboard only when asked for (head only, on the
 pod's IP), the version check, the
 worker's exit decision (0 only after an announced success; the head's failure
-echoed as ``FollowsHead``), and parsing of the announced outcome.
+echoed as ``FollowsHead``), parsing of the announced outcome, and a worker's
+SIGTERM told apart: its own pod's loss (no driver flag within the window)
+from the whole job stopping (the driver's preempting flag or an outcome).
 """
 
 import pytest
@@ -129,8 +131,12 @@ def test_child_env() -> None:
     assert env["RAY_AUTH_MODE"] == "disabled"
     assert env["PATH"] == "/bin"
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in env
-    chosen = raynode_plan.child_env(cfg, {"RAY_AUTH_MODE": "token"})
+    assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"  # stops at once, no drain
+    chosen = raynode_plan.child_env(
+        cfg, {"RAY_AUTH_MODE": "token", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "30"}
+    )
     assert chosen["RAY_AUTH_MODE"] == "token"
+    assert chosen["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
 
 
 def test_worker_exits_zero_only_after_an_announced_success() -> None:
@@ -182,3 +188,23 @@ def test_an_empty_token_file_is_a_configuration_error(content: str) -> None:
 
 def test_a_non_empty_token_is_accepted() -> None:
     assert raynode_plan.token_error("ab" * 32 + "\n") is None
+
+
+@pytest.mark.parametrize(
+    ("terminated_for", "preempting", "announced", "lone"),
+    [
+        (None, False, None, False),  # no SIGTERM: nothing to decide
+        (0.5, False, None, False),  # inside the window: the driver may still say so
+        (raynode_plan.LONE_LOSS_SECONDS, False, None, True),  # this pod alone
+        (60.0, False, None, True),
+        (60.0, True, None, False),  # the job stops: keep Ray up for the final save
+        (60.0, False, 0, False),  # the outcome is out: the usual exit path
+    ],
+)
+def test_a_workers_sigterm_is_its_own_loss_only_without_the_drivers_flag(
+    terminated_for: float | None, preempting: bool, announced: int | None, lone: bool
+) -> None:
+    got = raynode_plan.lone_loss(
+        terminated_for=terminated_for, preempting=preempting, announced=announced
+    )
+    assert got is lone

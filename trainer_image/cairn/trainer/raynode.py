@@ -18,7 +18,12 @@ Head (node rank 0):
 
 Worker: waits (bounded) for the head's GCS port, ``ray start --address …
 --block``, then polls the KV: it exits 0 only after it read a success,
-non-zero when the head announced a failure or vanished without a word.
+non-zero when the head announced a failure or vanished without a word. A
+SIGTERM keeps its Ray node up while the driver says the job is stopping
+(the driver's preempting flag in the KV: the final checkpoint needs every
+rank); without that flag within ``raynode_plan.LONE_LOSS_SECONDS`` the pod is
+going alone, and it stops its Ray node at once (the driver then waits for the
+pod the operator puts in its place).
 
 A wrong Ray version or a malformed pod contract exits 78 with a termination
 message (``cairn.api.exitcodes``) before Ray starts.
@@ -128,6 +133,8 @@ class _Signals:
 
     def __init__(self) -> None:
         self.terminated = False
+        self.terminated_at: float | None = None
+        """monotonic() of the first SIGTERM/SIGINT."""
         self.driver: subprocess.Popen[bytes] | None = None
 
     def install(self) -> None:
@@ -137,6 +144,8 @@ class _Signals:
     def _handle(self, signum: int, _frame: types.FrameType | None) -> None:
         first = not self.terminated
         self.terminated = True
+        if first:
+            self.terminated_at = time.monotonic()
         if first and self.driver is not None and self.driver.poll() is None:
             log.info("raynode: signal %d: forwarding SIGTERM to the driver", signum)
             self.driver.send_signal(signal.SIGTERM)
@@ -242,15 +251,24 @@ def _wait_for_head(cfg: raynode_plan.NodeConfig, sig: _Signals) -> str:
         time.sleep(POLL_SECONDS)
 
 
-def _watch_outcome(cfg: raynode_plan.NodeConfig, ray: subprocess.Popen[bytes]) -> int | None:
+def _watch_outcome(
+    cfg: raynode_plan.NodeConfig, ray: subprocess.Popen[bytes], sig: _Signals
+) -> int | None:
     """Poll the head's KV until it announces the driver's code (acked), or the
-    head is unreachable for HEAD_LOST_SECONDS, or the local Ray node exits."""
+    head is unreachable for HEAD_LOST_SECONDS, or the local Ray node exits, or
+    a SIGTERM turns out to be this pod's loss alone (`raynode_plan.lone_loss`:
+    the driver did not say the job is stopping; then Ray is stopped at once, so
+    the driver sees the node gone and waits for the replacement pod)."""
     gcs: _Gcs | None = None
     last_ok = time.monotonic()
+    preempting = False
     while ray.poll() is None:
+        outcome = None
         try:
             gcs = gcs or _Gcs(cfg.address)
             outcome = raynode_plan.parse_outcome(gcs.get(raynode_plan.OUTCOME_KEY))
+            if sig.terminated and not preempting:
+                preempting = gcs.get(raynode_plan.PREEMPTING_KEY) is not None
             last_ok = time.monotonic()
             if outcome is not None:
                 gcs.put(_ack_key(cfg.rank), b"1")
@@ -259,7 +277,15 @@ def _watch_outcome(cfg: raynode_plan.NodeConfig, ray: subprocess.Popen[bytes]) -
             log.debug("raynode: head unreachable: %s", exc)
             if time.monotonic() - last_ok >= HEAD_LOST_SECONDS:
                 return None
-        time.sleep(POLL_SECONDS)
+        since = None if sig.terminated_at is None else time.monotonic() - sig.terminated_at
+        if raynode_plan.lone_loss(terminated_for=since, preempting=preempting, announced=outcome):
+            print(
+                "raynode: SIGTERM, and the driver is not stopping the job: this pod alone "
+                "is going; stopping its Ray node now",
+                flush=True,
+            )
+            return None
+        time.sleep(POLL_SECONDS / 4 if sig.terminated and not preempting else POLL_SECONDS)
     log.warning("raynode: ray start exited with code %s", ray.returncode)
     return None
 
@@ -271,7 +297,7 @@ def run_worker(cfg: raynode_plan.NodeConfig, sig: _Signals) -> int:
     env = raynode_plan.child_env(cfg, os.environ)
     ray = _spawn(raynode_plan.start_argv(cfg, sys.executable), env)
     try:
-        outcome = _watch_outcome(cfg, ray)
+        outcome = _watch_outcome(cfg, ray, sig)
         ray_exit = ray.poll()
     finally:
         stop(ray, "ray (worker)")

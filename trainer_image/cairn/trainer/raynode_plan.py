@@ -25,6 +25,16 @@ from cairn.api import exitcodes, podenv
 
 OUTCOME_NAMESPACE = b"cairn"
 OUTCOME_KEY = b"driver-exit-code"
+NO_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+PREEMPTING_KEY = b"driver-preempting"
+"""Written by the driver (same namespace) once it got SIGTERM: the job is
+stopping as a whole, so a worker that gets SIGTERM too keeps its Ray node up
+for the final checkpoint (`lone_loss`)."""
+LONE_LOSS_SECONDS = 5.0
+"""How long a worker that got SIGTERM waits for the driver's preempting flag
+before it takes the SIGTERM for its own pod's loss. The driver writes the flag
+within about 0.2 s of its own SIGTERM (its watch loop), which the operator's
+deletes of a job's pods send within milliseconds of each other."""
 TEMP_DIR_ENV = "CAIRN_RAY_TEMP_DIR"
 """Overrides ``podenv.RAY_TEMP_DIR`` (tests outside a pod; keep it short: Ray's
 Unix socket paths under it must stay below 107 bytes)."""
@@ -205,10 +215,18 @@ def child_env(cfg: NodeConfig, base: typing.Mapping[str, str]) -> dict[str, str]
     Ray's auth as :func:`auth_env` says; no usage stats (no egress). Never set
     ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: ``ray start --address`` then
     refuses to join ("Multi-node Ray clusters are not supported").
+    No drain on SIGTERM (``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0``, even
+    when the pod sets it): ``ray start --block`` would otherwise wait up to
+    30 s for its actors to finish before stopping its node, and a rank actor
+    only finishes with the job: a worker pod lost alone trained on through it
+    (seen on the devcluster: 15.5 s of drain, the job ended meanwhile), so
+    the driver could not see the node gone. Cairn stops a node only when the
+    driver is done with it or the pod is going alone (`lone_loss`).
     """
     env = auth_env(cfg, base)
     env["RAY_ADDRESS"] = cfg.address
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env[NO_DRAIN_ENV] = "0"
     return env
 
 
@@ -250,3 +268,24 @@ def parse_outcome(raw: bytes | None) -> int | None:
 
 def joined_message(alive: int, nodes: int, waited: float) -> str:
     return f"raynode: {alive}/{nodes} Ray nodes joined after {waited:.0f}s"
+
+
+def lone_loss(*, terminated_for: float | None, preempting: bool, announced: int | None) -> bool:
+    """Whether a worker's SIGTERM is its own pod's loss (stop Ray now) rather
+    than the whole job stopping (keep Ray up for the final checkpoint). Pure.
+
+    ``terminated_for``: seconds since this pod's SIGTERM (None: none).
+    ``preempting``: the driver wrote `PREEMPTING_KEY` (it got SIGTERM too).
+    ``announced``: the driver's exit code, once published.
+
+    A pod deleted alone (a drain, an eviction through the API, a spot notice)
+    would otherwise keep its Ray node up for its whole grace period while the
+    driver, seeing nothing wrong, trains on; once its Ray node stops, the
+    driver sees the node gone and waits for the pod the operator puts in its
+    place (docs/ray-driver.md). When the job stops as a whole the driver got
+    SIGTERM at the same moment and says so within `LONE_LOSS_SECONDS`; a head
+    slower than that costs the final checkpoint (the job resumes from its
+    newest commit), never a committed step."""
+    if terminated_for is None or preempting or announced is not None:
+        return False
+    return terminated_for >= LONE_LOSS_SECONDS

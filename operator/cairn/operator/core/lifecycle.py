@@ -12,8 +12,8 @@ seen yet (noop, requeue); suspended or held by Kueue (``suspension``); past
 ``activeDeadlineSeconds`` (``deadlines``: Failed); not started or resuming
 (``suspension.resume``); restarting (``restartpolicy.restarting``); else the
 attempt is active (``_active``): a lost pod replaced in place
-(``replaceplan``: runtime torchrun with in-place restarts), else its root cause if it failed
-(``diagnosis.judge`` -> ``restartpolicy.after_failure``), Succeeded,
+(``replaceplan``: runtime torchrun or ray with in-place restarts), else its
+root cause if it failed (``diagnosis.judge`` -> ``restartpolicy.after_failure``), Succeeded,
 Running (``_running``: progress deadline, staleness) or Starting
 (``_starting``: creates, ``PodsNotStarting``, ``NameConflict``, the startup
 deadline). Each policy lives in its own module; ``decisions`` holds the value
@@ -34,7 +34,7 @@ job's labels neither steers nor blocks a decision and is never deleted.
 import dataclasses
 import datetime
 
-from cairn.api import jobstatus, podenv, trainingjob
+from cairn.api import jobstatus, trainingjob
 from cairn.operator.core import conditions as cond
 from cairn.operator.core import (
     deadlines,
@@ -228,14 +228,15 @@ def _starting(
     reason, message = _why_starting(progress, not_starting=not_starting, conflict=name_conflict)
     retry = CREATE_ERROR_REQUEUE_SECONDS if errors else None
     waits = [w for w in (deadline, startup_in, retry) if w is not None]
+    missing = len(by_rank) < nodes
     return base.decision(
         phase="Starting",
         reason=reason,
         message=message,
         # Creates are idempotent; with a name conflict nothing is created until
         # the user resolves it (the retry finds out).
-        start_attempt=len(by_rank) < nodes,
-        resume=_recreate_target(job, base, now=now) if len(by_rank) < nodes else None,
+        start_attempt=missing,
+        resume=resumeplan.recreate_target(job, attempt=base.attempt, now=now) if missing else None,
         delete=cleanup,
         requeue_after=min(waits) if waits else None,
         not_starting=not_starting,
@@ -252,15 +253,6 @@ def _why_starting(
     if not_starting is not None:
         return cond.REASON_PODS_NOT_STARTING, f"{not_starting[1]}; {progress}"
     return cond.REASON_PODS_STARTING, progress
-
-
-def _recreate_target(
-    job: trainingjob.TrainingJob, base: decisions.Base, *, now: datetime.datetime
-) -> podenv.ResumeTarget:
-    """A missing pod of the current attempt resumes like its peers; a request
-    made during the attempt waits for the next attempt decisions.start."""
-    choice = resumeplan.choose(job, attempt=max(base.attempt, 1), now=now)
-    return resumeplan.LATEST if choice.record is not None else choice.target
 
 
 def decide(

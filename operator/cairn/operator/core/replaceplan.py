@@ -1,27 +1,39 @@
-"""A lost pod replaced in place: runtime torchrun with in-place restarts.
+"""A lost pod replaced in place: runtimes torchrun and ray with in-place restarts.
 
 Pure. Without this, a rank whose pod is lost (deleted, evicted, its node
 gone) ends the attempt: every pod is stopped and the next attempt starts new
 ones, which resume from the volume or S3 (``diagnosis.judge`` ->
-``restartpolicy``). With ``spec.torchrun.maxInPlaceRestarts > 0`` the other
-pods need not go: their torchrun agents see the worker group fail, restart
-their workers and wait in the c10d rendezvous for the missing node, so the
-operator only has to give that node back. ``replacing`` does: it records the
-loss in ``status.podReplacements`` (before anything is deleted or created,
-like every transition), deletes the lost pod if nobody is deleting it yet,
-and, once its name is free, creates a pod of the same name in the same
-attempt. The new pod joins the rendezvous, and its ranks restore the newest
-committed step like their peers, from their peer's memory replica when the
-memory tier holds one (docs/checkpointing.md). The phase stays Running (the
-``Ready`` condition says ``ReplacingPod``); one Warning Event per loss.
+``restartpolicy``). With an in-place budget (``budget``: runtime torchrun's
+``spec.torchrun.maxInPlaceRestarts``, runtime ray's
+``spec.ray.maxInPlaceRestarts``) above 0 the other pods need not go:
 
-Not replaced (the attempt ends as before): rank 0's pod (its agent hosts the
-rendezvous, so the survivors would lose it too), a pod the kubelet evicted
-for its own usage (it would be evicted again), any failed rank (the judge
-names it), a loss once a rank succeeded (the group is ending), a loss past the budget (``maxInPlaceRestarts`` losses per attempt,
-each also one of the survivors' agents' restarts), and a replacement that is
-not running within ``REPLACEMENT_DEADLINE_SECONDS`` (then the attempt ends,
-not counted against maxRestarts, like a preemption).
+- torchrun: their agents see the worker group fail, restart their workers
+  and wait in the c10d rendezvous for the missing node;
+- ray: rank 0's pod is the Ray head and runs the driver; the driver sees the
+  lost Ray node's rank actors die, waits for the replacement Ray node to join,
+  re-places the rank actors and starts a new rank-actor group in the same
+  pods (docs/ray-driver.md);
+
+so the operator only has to give that node back. ``replacing`` does: it
+records the loss in ``status.podReplacements`` (before anything is deleted or
+created, like every transition), deletes the lost pod if nobody is deleting
+it yet, and, once its name is free, creates a pod of the same name in the
+same attempt, with the same spec as the one it replaces (the attempt's resume
+target, ``resumeplan.recreate_target``). The new pod joins the rendezvous or
+the Ray cluster, and its ranks restore the newest committed step like their
+peers, from their peer's memory replica when the memory tier holds one
+(docs/checkpointing.md). The phase stays Running (the ``Ready`` condition
+says ``ReplacingPod``); one Warning Event per loss.
+
+Not replaced (the attempt ends as before): rank 0's pod (torchrun: its agent
+hosts the rendezvous, so the survivors would lose it too; ray: it is the head
+and runs the driver), a pod the kubelet evicted for its own usage (it would
+be evicted again), any failed rank (the judge names it), a loss once a rank
+succeeded (the group is ending), a loss past the budget (``maxInPlaceRestarts``
+losses per attempt, each also one of the survivors' in-place restarts: the
+torchrun agents' or the Ray driver's), and a replacement that is not running
+within ``REPLACEMENT_DEADLINE_SECONDS`` (then the attempt ends, not counted
+against maxRestarts, like a preemption).
 
 Idempotent across reconciles and operator restarts: a lost pod present is
 known by its UID; a rank whose pod is missing is covered by its newest record
@@ -45,8 +57,9 @@ from cairn.operator.core import (
 
 REPLACEMENT_DEADLINE_SECONDS = 180.0
 """How long a replacement may take to run (create, schedule, start). The
-survivors' agents wait in the rendezvous meanwhile (torch's join timeout is
-600 s), so past this the attempt ends rather than waiting on."""
+survivors wait meanwhile (torchrun's agents in the rendezvous, torch's join
+timeout is 600 s; the Ray driver for the replacement Ray node), so past this
+the attempt ends rather than waiting on."""
 
 EVENT_REASON = cond.REASON_REPLACING_POD
 REASON_MAX = 1024
@@ -55,14 +68,18 @@ UID_MAX = 64
 eviction message is clipped, never a refused status patch."""
 
 
+def budget(job: trainingjob.TrainingJob) -> int:
+    """The runtime's in-place budget per attempt: ``spec.torchrun.maxInPlaceRestarts``
+    or ``spec.ray.maxInPlaceRestarts``."""
+    spec = job.spec
+    if spec.runtime == "ray":
+        return spec.ray_settings.max_in_place_restarts
+    return spec.torchrun_settings.max_in_place_restarts
+
+
 def enabled(job: trainingjob.TrainingJob) -> bool:
     """Whether the job's lost pods are replaced in place."""
-    spec = job.spec
-    return (
-        spec.runtime == "torchrun"
-        and spec.nodes > 1
-        and spec.torchrun_settings.max_in_place_restarts > 0
-    )
+    return job.spec.nodes > 1 and budget(job) > 0
 
 
 def _newest(
@@ -167,7 +184,7 @@ def replacing(
     if not lost and not pending:
         return None
     if 0 in lost:
-        return None  # rank 0's agent hosts the rendezvous: the attempt ends
+        return None  # rank 0 hosts the rendezvous or is the Ray head: the attempt ends
     new = [
         jobstatus.PodReplacement(
             rank=rank,
@@ -178,8 +195,8 @@ def replacing(
         for rank, (pod, why) in sorted(lost.items())
         if not _covered(records, rank, pod)
     ]
-    budget = job.spec.torchrun_settings.max_in_place_restarts
-    if len(records) + len(new) > budget:
+    allowed = budget(job)
+    if len(records) + len(new) > allowed:
         return None  # past the budget: the attempt ends, as without it
     records += tuple(new)
     newest = _newest(records)  # every lost rank has one now: covered or new
@@ -193,7 +210,7 @@ def replacing(
         ranks=", ".join(str(r) for r in ranks),
         why="; ".join(f"rank {r.rank}: {r.reason}" for r in waiting),
         used=len(records),
-        budget=budget,
+        budget=allowed,
     )
     left = min(REPLACEMENT_DEADLINE_SECONDS - _age(r, now) for r in waiting)
     gone = tuple(pod for pod, _ in lost.values() if pod is not None)
@@ -202,7 +219,7 @@ def replacing(
         reason=cond.REASON_REPLACING_POD,
         message=message,
         start_attempt=any(pod is None for pod, _ in lost.values()),
-        resume=resumeplan.LATEST,
+        resume=resumeplan.recreate_target(job, attempt=base.attempt, now=now),
         delete=cleanup + decisions.deletable(gone),
         pod_replacements=records,
         requeue_after=max(left, 1.0),
@@ -246,7 +263,7 @@ def events(
         return ()
     known = {(r.rank, r.lost_pod_uid, r.time) for r in previous.pod_replacements or ()}
     records = decision.pod_replacements
-    budget = job.spec.torchrun_settings.max_in_place_restarts
+    allowed = budget(job)
     return tuple(
         k8stypes.Event(
             type="Warning",
@@ -256,7 +273,7 @@ def events(
                 rank=r.rank,
                 why=r.reason,
                 used=index + 1,
-                budget=budget,
+                budget=allowed,
             ),
         )
         for index, r in enumerate(records)

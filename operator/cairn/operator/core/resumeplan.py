@@ -120,3 +120,14 @@ def choose(job: trainingjob.TrainingJob, *, attempt: int, now: datetime.datetime
     ):
         return Choice(target=target, explicit=True)
     return Choice(target=LATEST)
+
+
+def recreate_target(
+    job: trainingjob.TrainingJob, *, attempt: int, now: datetime.datetime
+) -> podenv.ResumeTarget:
+    """What a pod recreated in the current attempt resumes from: like its peers
+    (a missing pod while Starting, a lost pod ``replaceplan`` replaces in place),
+    so it gets the same spec as the one it replaces; a request made during the
+    attempt waits for the next attempt's start."""
+    choice = choose(job, attempt=max(attempt, 1), now=now)
+    return LATEST if choice.record is not None else choice.target

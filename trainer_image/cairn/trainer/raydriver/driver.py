@@ -5,11 +5,18 @@
         start group g: rank actors, MASTER_ADDR/PORT from rank 0's actor, run
         watch: every rank returned / an actor died / a node is gone / SIGTERM
         decide (`recovery.decide`): exit, or in place: monitor.advance(g+1),
-            status.ray (API), kill the old actors, start group g+1
+            status.ray (API), kill the old actors, [a node gone: wait for
+            its replacement, new placement group], start group g+1
 
 The placement group survives in-place restarts (its bundles are freed when
 the old actors die and taken by the new ones), so a restart costs new actor
-processes, the process group and the restore, not a reservation.
+processes, the process group and the restore, not a reservation. A node of
+the group that is gone (its pod lost: the operator puts a pod of the same
+name in its place, docs/operator.md) pins its bundles to a node id that
+will never come back, so then the driver waits (bounded, progress logged)
+for a new Ray node and places the group again, every surviving node keeping
+its ranks (`placement.keep_positions`). The monitor actor lives on the
+driver's node, so no node loss takes the commit fence with it.
 """
 
 from __future__ import annotations
@@ -24,11 +31,16 @@ import types
 import typing
 
 import ray
+from ray.experimental import internal_kv
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 from cairn.api import exitcodes
 from cairn.checkpoint import monitor as monitor_mod
+from cairn.trainer import raynode_plan
 from cairn.trainer.raydriver import placement, rank, recovery
 from cairn.trainer.raydriver import status as status_mod
 
@@ -43,6 +55,12 @@ KILL_WAIT_SECONDS = 30.0
 PEER_DEATH_GRACE_SECONDS = 5.0
 """How long a rank's failure waits for a peer's death to be reported (Ray
 reports an actor's death within about a second here; measured 0.3-0.4 s)."""
+NODE_REPLACEMENT_SECONDS = 180.0
+"""How long the driver waits for a lost node's replacement to join (the
+operator's own bound on a replacement pod running, REPLACEMENT_DEADLINE_SECONDS
+in its replaceplan, is the same: past it the attempt ends either way)."""
+NODE_POLL_SECONDS = 0.2
+PROGRESS_SECONDS = 5.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,6 +111,9 @@ class Driver:
         self._monitor: typing.Any = None
         self._pg: typing.Any = None
         self._layout: placement.Layout | None = None
+        self._node_order: list[str] = []
+        """The placement's nodes by node rank (0: the driver's)."""
+        self._group_nodes: list[str] = []
 
     # -- entry ------------------------------------------------------------------------
 
@@ -131,9 +152,12 @@ class Driver:
             # Too few Ray nodes or resources: the pods' problem, a gang restart's to fix.
             log.error("driver exits %d: %s", recovery.RETRYABLE_EXIT_CODE, exc)
             return recovery.RETRYABLE_EXIT_CODE
+        # On the driver's own node: a lost worker node must not take the
+        # commit fence and the newest committed step with it.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self._monitor = (
             ray.remote(monitor_mod.CheckpointMonitor)
-            .options(name=monitor_mod.ACTOR_NAME, num_cpus=0)
+            .options(name=monitor_mod.ACTOR_NAME, num_cpus=0, scheduling_strategy=here)
             .remote(group=generation)
         )
         while True:
@@ -154,6 +178,11 @@ class Driver:
                     log.error("driver exits %d: %s", decision.exit_code, decision.reason)
                 return decision.exit_code
             generation = self._restart_in_place(group, reason=decision.reason)
+            if decision.replace_nodes or self._gone_nodes():
+                why = self._replace_lost_nodes()
+                if why:
+                    log.error("driver exits %d: %s", recovery.RETRYABLE_EXIT_CODE, why)
+                    return recovery.RETRYABLE_EXIT_CODE
 
     def _restart_in_place(self, group: Group, *, reason: str) -> int:
         """Fence the old group (monitor, then API), kill its actors; the next generation."""
@@ -181,9 +210,63 @@ class Driver:
         nodes = ray.nodes()  # type: ignore[no-untyped-call]  # Ray's API is untyped here
         return [n["NodeID"] for n in nodes if n.get("Alive")]
 
-    def _place(self) -> None:
-        head = ray.get_runtime_context().get_node_id()
-        nodes = placement.order_nodes(self._alive_nodes(), head=head)
+    def _gone_nodes(self) -> list[str]:
+        alive = set(self._alive_nodes())
+        return [n for n in self._group_nodes if n not in alive]
+
+    def _replace_lost_nodes(self) -> str:
+        """Wait (bounded) until a new Ray node can take each lost node's place,
+        then place the group anew; '' or why not (the driver then exits 75)."""
+        previous = self._node_order
+        started = time.monotonic()
+        last_print = 0.0
+        while True:
+            alive = self._alive_nodes()
+            try:
+                order = placement.keep_positions(previous, alive)
+                break
+            except ValueError:
+                pass  # a lost node's replacement has not joined yet
+            waited = time.monotonic() - started
+            if self._preempt.is_set():
+                return "SIGTERM while waiting for a replacement Ray node"
+            if waited >= NODE_REPLACEMENT_SECONDS:
+                return (
+                    f"only {len(alive)}/{self.cfg.nodes} Ray nodes alive after {waited:.0f}s: "
+                    "no replacement for the lost node joined"
+                )
+            if waited - last_print >= PROGRESS_SECONDS:
+                log.warning(
+                    "waiting for a replacement Ray node: %d/%d alive after %.0fs (bound %.0fs)",
+                    len(alive),
+                    self.cfg.nodes,
+                    waited,
+                    NODE_REPLACEMENT_SECONDS,
+                )
+                last_print = waited
+            time.sleep(NODE_POLL_SECONDS)
+        if self._pg is not None:
+            remove_placement_group(self._pg)
+            self._pg = None
+        try:
+            self._place(order)
+        except (ValueError, RuntimeError) as exc:
+            return f"could not place the group on the new nodes: {exc}"
+        log.warning(
+            "placed the group again after %.1fs: nodes %s (were %s)",
+            time.monotonic() - started,
+            self._node_order,
+            previous,
+        )
+        return ""
+
+    def _place(self, nodes: list[str] | None = None) -> None:
+        """Reserve the bundles: on `nodes` in this order (a new placement after a
+        node loss), else on the alive nodes, the driver's first."""
+        if nodes is None:
+            head = ray.get_runtime_context().get_node_id()
+            nodes = placement.order_nodes(self._alive_nodes(), head=head)
+        self._node_order = nodes[: self.cfg.nodes]
         self._layout = placement.layout(
             nodes,
             nodes=self.cfg.nodes,
@@ -331,6 +414,12 @@ class Driver:
         if not self._preempt_sent:
             self._preempt_sent = True
             log.warning("SIGTERM: asking every rank for the final checkpoint")
+            try:  # the workers' pods got SIGTERM too: they keep Ray up for it
+                internal_kv._internal_kv_put(
+                    raynode_plan.PREEMPTING_KEY, b"1", namespace=raynode_plan.OUTCOME_NAMESPACE
+                )
+            except Exception as exc:  # they then stop after LONE_LOSS_SECONDS: visible
+                log.error("could not tell the worker nodes the job is stopping: %s", exc)
             ray.get(self._monitor.request_preemption.remote(), timeout=60)
         grace = self.cfg.grace_seconds
         assert self._preempt_at is not None

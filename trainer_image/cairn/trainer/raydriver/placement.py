@@ -35,6 +35,23 @@ def order_nodes(node_ids: list[str], *, head: str) -> list[str]:
     return [head, *sorted(n for n in node_ids if n != head)]
 
 
+def keep_positions(previous: list[str], alive: list[str]) -> list[str]:
+    """Node order for a new placement after a node loss: every node of `previous`
+    still alive keeps its position (its pod's ranks, and their memory copies,
+    stay where they were), a lost one's position goes to a node that was not in
+    `previous` (the replacement pod's), first come by id; the rest follow. Pure."""
+    fresh = sorted(n for n in alive if n not in previous)
+    ordered = []
+    for node in previous:
+        if node in alive:
+            ordered.append(node)
+        elif fresh:
+            ordered.append(fresh.pop(0))
+        else:
+            raise ValueError(f"{len(previous)} nodes wanted, {len(alive)} alive in the Ray cluster")
+    return [*ordered, *fresh]
+
+
 def layout(
     node_ids: list[str], *, nodes: int, procs_per_node: int, cpus: float, gpus: float
 ) -> Layout:

@@ -8,7 +8,9 @@
 | a rank raised or returned another code | exit that code (1 for an exception): restartPolicy decides |
 | a rank actor died, its node alive, budget left, not preempting | in-place restart: new group |
 | a rank actor died, budget spent | exit RETRYABLE: the operator's gang restart |
-| a node of the group is gone | exit RETRYABLE: the operator's gang restart |
+| a node of the group is gone, budget left, not preempting | in-place restart once a replacement node joined (`replace_nodes`) |
+| a node of the group is gone, budget spent or preempting | exit RETRYABLE: the operator's gang restart |
+| no replacement node joined in time (the driver's wait) | exit RETRYABLE |
 | preempting and the ranks did not finish in the grace period | exit RETRYABLE |
 | (before any group) the placement group cannot be placed | exit RETRYABLE (driver) |
 """
@@ -45,6 +47,9 @@ class Decision:
     restart: bool
     exit_code: int
     reason: str
+    replace_nodes: bool = False
+    """The new group needs a new placement: a node of the old one is gone
+    (the operator replaces its pod; the driver waits for the new Ray node)."""
 
 
 def decide(end: GroupEnd, *, restarts_done: int, budget: int, preempting: bool) -> Decision:
@@ -54,10 +59,25 @@ def decide(end: GroupEnd, *, restarts_done: int, budget: int, preempting: bool) 
     if end.kind == "failed":
         return Decision(restart=False, exit_code=1, reason=end.reason or "a rank failed")
     if end.kind == "node_lost":
+        if preempting or restarts_done >= budget:
+            why = (
+                "the job is stopping"
+                if preempting
+                else f"the in-place restart budget ({budget}) is spent"
+            )
+            return Decision(
+                restart=False,
+                exit_code=RETRYABLE_EXIT_CODE,
+                reason=f"a Ray node is gone ({end.reason}) and {why}: pod-level restart",
+            )
         return Decision(
-            restart=False,
-            exit_code=RETRYABLE_EXIT_CODE,
-            reason=f"a Ray node is gone ({end.reason}): pod-level restart",
+            restart=True,
+            exit_code=0,
+            reason=(
+                f"a Ray node is gone ({end.reason}): in-place restart "
+                f"{restarts_done + 1}/{budget} once its replacement joins"
+            ),
+            replace_nodes=True,
         )
     if end.kind == "timed_out":
         return Decision(restart=False, exit_code=RETRYABLE_EXIT_CODE, reason=end.reason)
