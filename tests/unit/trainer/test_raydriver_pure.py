@@ -140,6 +140,24 @@ def test_a_rank_death_never_asks_for_new_nodes() -> None:
     assert not recovery.decide(_died(), restarts_done=0, budget=3, preempting=False).replace_nodes
 
 
+@pytest.mark.parametrize("target", ["step:10", "none", "s3://bucket/other-job/step-000000020"])
+def test_an_explicit_resume_target_is_spent_once_the_attempt_committed(target: str) -> None:
+    env = {"CAIRN_RESUME_FROM": target, "CAIRN_RESUME_SHA256": "a" * 64, "CAIRN_ATTEMPT": "2"}
+    # The first group, or a later one before any commit: the target again.
+    assert recovery.group_resume_env(env, committed=None) == env
+    # A group after a commit resumes the newest step (not a second rollback).
+    later = recovery.group_resume_env(env, committed=15)
+    assert later == {"CAIRN_RESUME_FROM": "latest", "CAIRN_ATTEMPT": "2"}
+    assert env["CAIRN_RESUME_FROM"] == target  # the driver's own env untouched
+
+
+def test_latest_or_no_target_is_left_as_it_is() -> None:
+    assert recovery.group_resume_env({"CAIRN_RESUME_FROM": "latest"}, committed=5) == {
+        "CAIRN_RESUME_FROM": "latest"
+    }
+    assert recovery.group_resume_env({"PATH": "/bin"}, committed=5) == {"PATH": "/bin"}
+
+
 def test_rank_raised_exits_one() -> None:
     end = recovery.GroupEnd(kind="failed", rank=0, reason="rank 0 raised RayTaskError")
     assert recovery.decide(end, restarts_done=0, budget=3, preempting=False).exit_code == 1

@@ -307,7 +307,8 @@ class Driver:
         ]
         wheres = ray.get([a.where.remote() for a in actors], timeout=self.cfg.start_timeout_seconds)
         cuda = placement.cuda_env([w["gpus"] for w in wheres], node_of_rank=layout.node_of_rank)
-        base = self._forwarded_env()
+        committed = ray.get(self._monitor.last_committed.remote(), timeout=60)
+        base = recovery.group_resume_env(self._forwarded_env(), committed=committed)
         runs = []
         for r, actor in enumerate(actors):
             env = {

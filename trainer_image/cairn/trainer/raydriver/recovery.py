@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from cairn.api import exitcodes
+from cairn.api import exitcodes, podenv
 
 RETRYABLE_EXIT_CODE = 75
 """sysexits.h EX_TEMPFAIL: the driver gave up in place (budget spent, node
@@ -102,6 +102,28 @@ def decide(end: GroupEnd, *, restarts_done: int, budget: int, preempting: bool) 
         exit_code=0,
         reason=f"rank {end.rank} died ({end.reason}): in-place restart {restarts_done + 1}/{budget}",
     )
+
+
+def group_resume_env(env: typing.Mapping[str, str], *, committed: int | None) -> dict[str, str]:
+    """`env` for a rank-actor group, with the attempt's resume target dropped once
+    it is spent (pure).
+
+    The operator gives the head pod the attempt's target (``CAIRN_RESUME_FROM``:
+    an explicit step, an import, ``none``; ``CAIRN_RESUME_SHA256`` pinning it)
+    and the driver forwards it to every group. A later group of the same
+    attempt that loaded it again would roll the job back to it once more,
+    superseding what the earlier groups committed. The target is spent once a
+    group of this attempt committed a step (`committed`, the monitor's): the
+    lineage decision after the restore comes before the first save
+    (`cairn.checkpoint.lineage`), so from then on the newest committed step is
+    the one to resume (``latest``). Before any commit the target is tried again.
+    (torchrun's agents cannot tell this on every node, so the API refuses an
+    explicit target with torchrun's in-place restarts.)"""
+    out = dict(env)
+    if committed is not None and out.get(podenv.RESUME_FROM, "latest") != "latest":
+        out[podenv.RESUME_FROM] = "latest"
+        out.pop(podenv.RESUME_SHA256, None)
+    return out
 
 
 def _combined(codes: tuple[int | None, ...]) -> int:
