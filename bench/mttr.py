@@ -181,7 +181,7 @@ class TorchrunBench:
             # Rank 0's worker can log the step it was finishing right after the
             # kill (seen once as a 0.00 s sample): time to the first line after
             # the new group is in status (recorded before its restore).
-            rayjobs.wait_new_torchrun_group(
+            rayjobs.wait_new_group(
                 self.custom,
                 self.namespace,
                 name,

@@ -104,11 +104,19 @@ class Bench:
             pod = f"{name}-a{status['attempt']}-n1"
             if pod not in rayjobs.pod_uids(self.core, self.namespace, name):
                 return
-            group = ((status.get("ray") or {}).get("group")) or 0
+            restarts = rayjobs.in_place_restarts(job, runtime="ray")
             killed_at = time.monotonic()
             self.core.delete_namespaced_pod(pod, self.namespace)
             if self.body["spec"]["ray"]["maxInPlaceRestarts"] > 0:
-                _wait_ray_group(self, after=group, deadline=killed_at + STEP_TIMEOUT)
+                rayjobs.wait_new_group(
+                    self.custom,
+                    self.namespace,
+                    name,
+                    after=restarts,
+                    deadline=killed_at + STEP_TIMEOUT,
+                    poll_seconds=0.05,
+                    runtime="ray",
+                )
                 watch, after = head, rayjobs.loss_lines(state, self.namespace, head)
             else:
                 watch, after = f"{name}-a{status['attempt'] + 1}-n0", 0
@@ -140,15 +148,6 @@ class Bench:
         )
         self.core.delete_namespace(self.namespace)
         return self.samples
-
-
-def _wait_ray_group(bench: Bench, *, after: int, deadline: float) -> None:
-    """Until status.ray.group is past `after` (the driver records a new group
-    before it starts it; rank 0 may log a step of the old one meanwhile)."""
-    while ((bench.job().get("status") or {}).get("ray") or {}).get("group", 0) <= after:
-        if time.monotonic() > deadline:
-            raise AssertionError("no new rank-actor group after the pod loss")
-        time.sleep(0.05)
 
 
 def _summary(samples: list[float]) -> dict[str, float]:

@@ -137,12 +137,12 @@ def wait_new_step(
     raise AssertionError(f"{pod}: no new training step within {timeout:.0f}s")
 
 
-def in_place_restarts(job: dict[str, Any]) -> int:
-    """``status.torchrun.inPlaceRestarts`` of ``job`` (0 before the first). Pure."""
-    return ((job.get("status") or {}).get("torchrun") or {}).get("inPlaceRestarts") or 0
+def in_place_restarts(job: dict[str, Any], *, runtime: str = "torchrun") -> int:
+    """``status.<runtime>.inPlaceRestarts`` of ``job`` (0 before the first). Pure."""
+    return ((job.get("status") or {}).get(runtime) or {}).get("inPlaceRestarts") or 0
 
 
-def wait_new_torchrun_group(
+def wait_new_group(
     custom: client.CustomObjectsApi,
     namespace: str,
     name: str,
@@ -150,12 +150,14 @@ def wait_new_torchrun_group(
     after: int,
     deadline: float,
     poll_seconds: float,
+    runtime: str = "torchrun",
 ) -> None:
-    """Until ``status.torchrun.inPlaceRestarts`` exceeds ``after``: a new worker
-    group recorded itself (before its restore), so rank 0's next step-log line
-    is the new group's, not one the old worker finished after a fault."""
-    while in_place_restarts(demo.get_job(custom, namespace, name)) <= after:
-        assert time.monotonic() < deadline, f"{name}: no new torchrun worker group in time"
+    """Until ``status.<runtime>.inPlaceRestarts`` exceeds ``after``: a new worker
+    group (torchrun) or rank-actor group (ray) recorded itself (before its
+    restore), so rank 0's next step-log line is the new group's, not one the
+    old worker finished after a fault."""
+    while in_place_restarts(demo.get_job(custom, namespace, name), runtime=runtime) <= after:
+        assert time.monotonic() < deadline, f"{name}: no new {runtime} group in time"
         time.sleep(poll_seconds)
 
 

@@ -36,8 +36,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 FINAL_STEP = 40
 RECOVERY_TIMEOUT = 240.0
-LOST_STEP_DELAY = 0.6
 """A lost pod's deadline to training again (a hang is a failure)."""
+LOST_STEP_DELAY = 0.6
 RUN_TIMEOUT = 900.0
 VERIFY_TIMEOUT = 180.0
 
@@ -237,17 +237,22 @@ def test_lost_worker_pod_is_replaced_in_place(
         uids = rayjobs.pod_uids(run.core, run.namespace, run.name)
         if worker not in uids:
             return
-        seen.update(uids=uids, lost=uids[worker], group=_ray(job).get("group") or 0)
+        seen.update(
+            uids=uids, lost=uids[worker], group=(job["status"].get("ray") or {}).get("group") or 0
+        )
         head = run.head(job)
         lines = rayjobs.loss_lines(devcluster.state_dir, run.namespace, head)
         lost_at = time.monotonic()
         run.core.delete_namespaced_pod(worker, run.namespace)  # graceful, as a drain
-        deadline = lost_at + RECOVERY_TIMEOUT
-        while (_ray(demo.get_job(run.custom, run.namespace, run.name)).get("group") or 0) <= seen[
-            "group"
-        ]:
-            assert time.monotonic() < deadline, "no new rank-actor group after the pod loss"
-            time.sleep(0.2)
+        rayjobs.wait_new_group(
+            run.custom,
+            run.namespace,
+            run.name,
+            after=rayjobs.in_place_restarts(job, runtime="ray"),
+            deadline=lost_at + RECOVERY_TIMEOUT,
+            poll_seconds=0.2,
+            runtime="ray",
+        )
         lines = max(lines, rayjobs.loss_lines(devcluster.state_dir, run.namespace, head))
         stepped = rayjobs.wait_new_step(
             devcluster.state_dir, run.namespace, head, after_lines=lines, timeout=RECOVERY_TIMEOUT
@@ -278,10 +283,6 @@ def test_lost_worker_pod_is_replaced_in_place(
     _same_as_baseline(baseline, run.losses(job), run.weights(job))
     print(f"    Ray worker pod lost: back to training after {seen['mttr']:.1f}s, tiers {tiers}")
     run.close()
-
-
-def _ray(job: dict[str, Any]) -> dict[str, Any]:
-    return dict((job.get("status") or {}).get("ray") or {})
 
 
 @pytest.mark.timeout(1500)

@@ -293,7 +293,7 @@ class PodLoser:
         # (with the replacement) is recorded; rank 0 may log a step or two of
         # the old group before it notices the loss.
         deadline = lost_at + RECOVERY_TIMEOUT
-        rayjobs.wait_new_torchrun_group(
+        rayjobs.wait_new_group(
             client.CustomObjectsApi(self.core.api_client),
             self.namespace,
             self.name,

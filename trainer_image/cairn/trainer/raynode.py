@@ -132,21 +132,23 @@ class _Signals:
     """SIGTERM/SIGINT: remembered, and forwarded once to the driver if it runs."""
 
     def __init__(self) -> None:
-        self.terminated = False
         self.terminated_at: float | None = None
         """monotonic() of the first SIGTERM/SIGINT."""
         self.driver: subprocess.Popen[bytes] | None = None
+
+    @property
+    def terminated(self) -> bool:
+        return self.terminated_at is not None
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
 
     def _handle(self, signum: int, _frame: types.FrameType | None) -> None:
-        first = not self.terminated
-        self.terminated = True
-        if first:
-            self.terminated_at = time.monotonic()
-        if first and self.driver is not None and self.driver.poll() is None:
+        if self.terminated:
+            return
+        self.terminated_at = time.monotonic()
+        if self.driver is not None and self.driver.poll() is None:
             log.info("raynode: signal %d: forwarding SIGTERM to the driver", signum)
             self.driver.send_signal(signal.SIGTERM)
 

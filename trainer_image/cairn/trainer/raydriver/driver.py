@@ -113,7 +113,6 @@ class Driver:
         self._layout: placement.Layout | None = None
         self._node_order: list[str] = []
         """The placement's nodes by node rank (0: the driver's)."""
-        self._group_nodes: list[str] = []
 
     # -- entry ------------------------------------------------------------------------
 
@@ -212,7 +211,7 @@ class Driver:
 
     def _gone_nodes(self) -> list[str]:
         alive = set(self._alive_nodes())
-        return [n for n in self._group_nodes if n not in alive]
+        return [n for n in self._node_order if n not in alive]
 
     def _replace_lost_nodes(self) -> str:
         """Wait (bounded) until a new Ray node can take each lost node's place,
@@ -287,7 +286,6 @@ class Driver:
                 f"({self._layout.bundles[0]} each) not ready within "
                 f"{self.cfg.start_timeout_seconds:.0f}s: not enough resources on the nodes"
             ) from exc
-        self._group_nodes = sorted(set(s[placement.NODE_ID_LABEL] for s in self._layout.selectors))
 
     def _start_group(self, generation: int) -> Group:
         layout = self._layout
@@ -401,8 +399,7 @@ class Driver:
         return None
 
     def _actor_died(self, group: Group, r: int, exc: BaseException) -> recovery.GroupEnd:
-        alive = set(self._alive_nodes())
-        gone = [n for n in self._group_nodes if n not in alive]
+        gone = self._gone_nodes()
         if gone:
             return recovery.GroupEnd(kind="node_lost", rank=r, reason=f"node(s) {gone} not alive")
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
