@@ -332,7 +332,7 @@ def main() -> None:
         figures = report(rows, nbytes=nbytes)
         figures["peer_push_seconds"] = push_s
         figures["peer_push_mib_per_s"] = nbytes / MIB / push_s
-        print(f"load average now: {os.getloadavg()} (2 cores shared by 5 engineers)")
+        print(f"load average now: {os.getloadavg()}")
         if not args.no_record:
             params = {**vars(args), "model_params": m.params, "torch_threads": 2}
             params.pop("serve_peer")

@@ -139,6 +139,46 @@ def test_child_env() -> None:
     assert chosen["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
 
 
+def test_child_env_checks_node_health_quickly_unless_the_pod_says_otherwise() -> None:
+    cfg = raynode_plan.config(_env(0), ARGV)
+    env = raynode_plan.child_env(cfg, {})
+    assert env["RAY_health_check_period_ms"] == "1000"
+    assert env["RAY_health_check_timeout_ms"] == "2000"
+    assert env["RAY_health_check_failure_threshold"] == "3"
+    own = raynode_plan.child_env(cfg, {"RAY_health_check_timeout_ms": "10000"})
+    assert own["RAY_health_check_timeout_ms"] == "10000"
+    assert own["RAY_health_check_period_ms"] == "1000"
+
+
+def test_node_ip_keys_are_per_rank() -> None:
+    assert raynode_plan.node_ip_key(1) == b"node-ip-1"
+    assert raynode_plan.node_ip_key(12) != raynode_plan.node_ip_key(1)
+
+
+@pytest.mark.parametrize(
+    ("missing", "addresses", "alive", "waiting"),
+    [
+        # every worker alive and unacked: wait for all
+        ({1, 2}, {1: "10.0.0.2", 2: "10.0.0.3"}, ["10.0.0.1", "10.0.0.2", "10.0.0.3"], {1, 2}),
+        # rank 1's node is gone (its pod SIGKILLed): only rank 2 is awaited
+        ({1, 2}, {1: "10.0.0.2", 2: "10.0.0.3"}, ["10.0.0.1", "10.0.0.3"], {2}),
+        # no worker left alive: nothing to wait for
+        ({1, 2}, {1: "10.0.0.2", 2: "10.0.0.3"}, ["10.0.0.1"], set()),
+        # a rank that recorded no address is waited on (the caller's bound ends it)
+        ({1, 2}, {2: "10.0.0.3"}, ["10.0.0.1"], {1}),
+        ({1}, {1: None}, [], {1}),
+        # acked ranks are not in `missing`: their nodes may go as they like
+        (set(), {1: "10.0.0.2"}, [], set()),
+        # a replacement pod with the lost pod's address is alive: waited on
+        ({1}, {1: "10.0.0.2"}, ["10.0.0.1", "10.0.0.2"], {1}),
+    ],
+)
+def test_unacked_alive(
+    missing: set[int], addresses: dict[int, str | None], alive: list[str], waiting: set[int]
+) -> None:
+    assert raynode_plan.unacked_alive(missing, addresses, alive) == waiting
+
+
 def test_worker_exits_zero_only_after_an_announced_success() -> None:
     assert raynode_plan.worker_exit(0, terminated=False) == (0, "the driver on the head succeeded")
     assert raynode_plan.worker_exit(0, terminated=True)[0] == 0

@@ -13,11 +13,13 @@ Head (node rank 0):
    nodes are alive in the GCS.
 3. Runs the driver with ``RAY_ADDRESS``; SIGTERM is forwarded to it once.
 4. Announces the driver's exit code in Ray's internal KV, waits (bounded)
-   for every worker to acknowledge it, stops Ray by PID and exits with the
+   for every worker whose Ray node is alive to acknowledge it
+   (`raynode_plan.unacked_alive`), stops Ray by PID and exits with the
    driver's code (128 + N when a signal N killed it).
 
 Worker: waits (bounded) for the head's GCS port, ``ray start --address …
---block``, then polls the KV: it exits 0 only after it read a success,
+--block``, records its node's address in the KV (`raynode_plan.node_ip_key`),
+then polls the KV: it exits 0 only after it read a success,
 non-zero when the head announced a failure or vanished without a word. A
 SIGTERM keeps its Ray node up while the driver says the job is stopping
 (the driver's preempting flag in the KV: the final checkpoint needs every
@@ -109,8 +111,12 @@ class _Gcs:
         self.client = GcsClient(address=f"{socket.gethostbyname(host)}:{port}")
 
     def alive_nodes(self) -> int:
+        return len(self.alive_addresses())
+
+    def alive_addresses(self) -> list[str]:
+        """The address of every alive Ray node (one per node: a list, not a set)."""
         infos = self.client.get_all_node_info(timeout=GCS_CALL_TIMEOUT_SECONDS)
-        return sum(1 for info in infos.values() if info.state == 0)  # 0: ALIVE
+        return [info.node_manager_address for info in infos.values() if info.state == 0]  # ALIVE
 
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self.client.internal_kv_get(
@@ -199,13 +205,28 @@ def _announce(cfg: raynode_plan.NodeConfig, code: int) -> None:
         return
     deadline = time.monotonic() + ACK_TIMEOUT_SECONDS
     missing = set(range(1, cfg.nodes))
+    addresses: dict[int, str | None] = {}
     while missing and time.monotonic() < deadline:
         for rank in sorted(missing):
             try:
                 if gcs.get(_ack_key(rank)) is not None:
                     missing.discard(rank)
+                elif addresses.get(rank) is None:
+                    address = gcs.get(raynode_plan.node_ip_key(rank))
+                    addresses[rank] = None if address is None else address.decode(errors="replace")
             except Exception as exc:
                 log.debug("raynode: ack of rank %d unreadable: %s", rank, exc)
+        try:  # a worker whose Ray node is gone never acks: do not wait for it
+            waiting = raynode_plan.unacked_alive(missing, addresses, gcs.alive_addresses())
+        except Exception as exc:
+            log.debug("raynode: Ray nodes unreadable: %s", exc)
+            waiting = missing
+        if waiting != missing:
+            log.info(
+                "raynode: no ack awaited from worker ranks %s: their Ray nodes are gone",
+                sorted(missing - waiting),
+            )
+            missing = waiting
         if missing:
             time.sleep(POLL_SECONDS / 4)
     if missing:
@@ -264,10 +285,15 @@ def _watch_outcome(
     gcs: _Gcs | None = None
     last_ok = time.monotonic()
     preempting = False
+    recorded = cfg.node_ip is None
     while ray.poll() is None:
         outcome = None
         try:
             gcs = gcs or _Gcs(cfg.address)
+            if not recorded:  # for the head's ack wait (`raynode_plan.unacked_alive`)
+                assert cfg.node_ip is not None
+                gcs.put(raynode_plan.node_ip_key(cfg.rank), cfg.node_ip.encode())
+                recorded = True
             outcome = raynode_plan.parse_outcome(gcs.get(raynode_plan.OUTCOME_KEY))
             if sig.terminated and not preempting:
                 preempting = gcs.get(raynode_plan.PREEMPTING_KEY) is not None

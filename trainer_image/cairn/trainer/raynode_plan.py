@@ -30,6 +30,25 @@ PREEMPTING_KEY = b"driver-preempting"
 """Written by the driver (same namespace) once it got SIGTERM: the job is
 stopping as a whole, so a worker that gets SIGTERM too keeps its Ray node up
 for the final checkpoint (`lone_loss`)."""
+NODE_IP_KEY_PREFIX = b"node-ip-"
+"""A worker's pod IP (its Ray node's address), written by the worker once its
+Ray node is up (same namespace), so the head can tell a worker whose node is
+gone from one that has yet to acknowledge the outcome (`unacked_alive`)."""
+HEALTH_CHECK_ENV: typing.Mapping[str, str] = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "2000",
+    "RAY_health_check_failure_threshold": "3",
+}
+"""How fast the head's GCS declares a silent node dead (Ray's defaults: every
+3 s, 10 s deadline, 5 misses). A worker pod killed outright (SIGKILL, its node
+gone) closes no connection the GCS acts on: the driver learns of it only from
+these checks, 30 s after the kill with Ray's defaults (seen on the
+devcluster: the first check hung for its 10 s deadline, four more failed 3 s
+apart). With these a check starts 1 s after the last one ended and a silent
+node fails it after 2 s, so it counts as dead after 3 failed checks, about
+9 s (15 s with 5, seen on the devcluster); an alive raylet counts as dead
+only if it leaves three checks in a row unanswered for 2 s. A pod's own
+values win (`child_env`)."""
 LONE_LOSS_SECONDS = 5.0
 """How long a worker that got SIGTERM waits for the driver's preempting flag
 before it takes the SIGTERM for its own pod's loss. The driver writes the flag
@@ -222,8 +241,11 @@ def child_env(cfg: NodeConfig, base: typing.Mapping[str, str]) -> dict[str, str]
     (seen on the devcluster: 15.5 s of drain, the job ended meanwhile), so
     the driver could not see the node gone. Cairn stops a node only when the
     driver is done with it or the pod is going alone (`lone_loss`).
+    Ray's node health checks as `HEALTH_CHECK_ENV` unless the pod sets them.
     """
     env = auth_env(cfg, base)
+    for name, value in HEALTH_CHECK_ENV.items():
+        env.setdefault(name, value)
     env["RAY_ADDRESS"] = cfg.address
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env[NO_DRAIN_ENV] = "0"
@@ -268,6 +290,27 @@ def parse_outcome(raw: bytes | None) -> int | None:
 
 def joined_message(alive: int, nodes: int, waited: float) -> str:
     return f"raynode: {alive}/{nodes} Ray nodes joined after {waited:.0f}s"
+
+
+def node_ip_key(rank: int) -> bytes:
+    """Where worker `rank` records its Ray node's address (`NODE_IP_KEY_PREFIX`)."""
+    return NODE_IP_KEY_PREFIX + str(rank).encode()
+
+
+def unacked_alive(
+    missing: typing.Iterable[int],
+    addresses: typing.Mapping[int, str | None],
+    alive: typing.Collection[str],
+) -> set[int]:
+    """The worker ranks the head still waits on for an acknowledgement of the
+    driver's outcome: those `missing` an ack, less those whose Ray node is
+    gone (their recorded address, `addresses`, is no alive node's, `alive`).
+    A rank that recorded no address is waited on (bounded by the caller). Pure.
+
+    A worker pod killed outright never acknowledges; waiting for it held the
+    head pod, and so the job's next attempt, for the whole bound (15 s, seen
+    after every SIGKILLed worker pod)."""
+    return {r for r in missing if addresses.get(r) is None or addresses[r] in alive}
 
 
 def lone_loss(*, terminated_for: float | None, preempting: bool, announced: int | None) -> bool:
