@@ -2,7 +2,7 @@
 
     python bench/mttr.py [--kills 5]
         [--kinds pod,inplace,warm,warm-mem,lost-gang,lost-replace,
-                 ray-pod,ray,ray-mem,ray-lost-gang,ray-lost]
+                 ray-pod,ray,ray-mem,ray-lost-gang,ray-lost,ray-force-gang,ray-force]
 
 One job per kind (examples/quickstart.yaml's trainer, 2 nodes x 1 process,
 a checkpoint every 5 steps, 80 steps, ``restartPolicy.backoffSeconds: 0`` so
@@ -38,6 +38,9 @@ after the other on the running devcluster and operator:
   anchor); ``ray-lost`` keeps the budget: the operator replaces only that
   pod, the driver places the group again on the new Ray node, and the new
   rank restores from its peer's memory replica.
+- ``ray-force-gang`` and ``ray-force``: the same, the worker pod deleted with
+  grace 0 (as when its node is gone: its processes killed, no SIGTERM), so
+  the driver learns of the loss only from Ray's node health checks.
 
 The ratio column divides by the same runtime's pod-level median for the same
 fault (``pod`` for torchrun's process kills, ``lost-gang`` for its pod
@@ -103,6 +106,8 @@ RAY_KINDS: dict[str, dict[str, Any]] = {
     "ray-mem": {"kill": "inplace", "memory": True},
     "ray-lost-gang": {"kill": "lost", "memory": True, "in_place": 0},
     "ray-lost": {"kill": "lost", "memory": True},
+    "ray-force-gang": {"kill": "lost", "memory": True, "in_place": 0, "force": True},
+    "ray-force": {"kill": "lost", "memory": True, "force": True},
 }
 LABELS = {
     "pod": "torchrun, pod-level restart (maxInPlaceRestarts 0)",
@@ -116,6 +121,8 @@ LABELS = {
     "ray-mem": "Ray, in place + memory tier",
     "ray-lost-gang": "Ray, pod lost: every pod restarted (ray.maxInPlaceRestarts 0)",
     "ray-lost": "Ray, pod lost: only it replaced, restore from peer memory",
+    "ray-force-gang": "Ray, pod force-deleted: every pod restarted (ray.maxInPlaceRestarts 0)",
+    "ray-force": "Ray, pod force-deleted: only it replaced, restore from peer memory",
 }
 
 
@@ -244,7 +251,9 @@ def anchor(kind: str) -> str:
     ``ray-lost-gang`` for a lost Ray pod, ``lost-gang`` for a lost torchrun
     pod, ``pod`` for torchrun's process kills). Pure."""
     if kind in RAY_KINDS:
-        return "ray-lost-gang" if RAY_KINDS[kind]["kill"] == "lost" else "ray-pod"
+        if RAY_KINDS[kind]["kill"] != "lost":
+            return "ray-pod"
+        return "ray-force-gang" if RAY_KINDS[kind].get("force") else "ray-lost-gang"
     return "lost-gang" if TORCHRUN_KINDS[kind].get("lose") else "pod"
 
 
@@ -296,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 shape["kill"],
                 memory=rayjobs.MEMORY_TIER if shape["memory"] else None,
                 in_place=shape.get("in_place", 10),
+                force=shape.get("force", False),
                 steps=(
                     ray_recovery_devcluster.LOST_STEPS
                     if shape["kill"] == "lost"

@@ -14,7 +14,8 @@ not the configured backoff) on the running devcluster and operator:
 - lost: delete the worker pod (graceful, as a drain or an eviction through
   the API does); with an in-place budget the operator replaces it and the
   driver places the group again (same attempt), without one the gang
-  restarts (``in_place=0``).
+  restarts (``in_place=0``); with ``force`` deleted with grace 0, as when its
+  node is gone.
 
 Recovery = from the kill to the first line rank 0 appends to its losses file
 afterwards (the same head pod's file in place, counted once the new group is
@@ -59,6 +60,7 @@ class Bench:
         memory: dict[str, Any] | None = None,
         in_place: int = 10,
         steps: int = STEPS,
+        force: bool = False,
     ) -> None:
         self.target = target
         self.kind = kind
@@ -77,6 +79,8 @@ class Bench:
         self.body["spec"]["ray"]["maxInPlaceRestarts"] = in_place
         if memory is not None:  # the memory tier (`checkpoint.memory`)
             self.body["spec"]["checkpoint"]["memory"] = dict(memory)
+        self.force = force
+        """A lost pod is deleted with grace 0 (its node gone) rather than gracefully."""
         self.samples: list[float] = []
         self.final: dict[str, Any] = {}
         self.next_after = 10
@@ -106,7 +110,8 @@ class Bench:
                 return
             restarts = rayjobs.in_place_restarts(job, runtime="ray")
             killed_at = time.monotonic()
-            self.core.delete_namespaced_pod(pod, self.namespace)
+            grace = {"grace_period_seconds": 0} if self.force else {}
+            self.core.delete_namespaced_pod(pod, self.namespace, **grace)
             if self.body["spec"]["ray"]["maxInPlaceRestarts"] > 0:
                 rayjobs.wait_new_group(
                     self.custom,

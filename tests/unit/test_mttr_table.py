@@ -46,12 +46,18 @@ def test_every_kind_has_a_label_and_an_anchor() -> None:
     assert {mttr.anchor(kind) for kind in lost} == {"lost-gang"}
     assert {mttr.anchor(kind) for kind in set(mttr.TORCHRUN_KINDS) - lost} == {"pod"}
     ray_lost = {kind for kind, shape in mttr.RAY_KINDS.items() if shape["kill"] == "lost"}
-    assert ray_lost == {"ray-lost-gang", "ray-lost"}
-    assert {mttr.anchor(kind) for kind in ray_lost} == {"ray-lost-gang"}
+    assert ray_lost == {"ray-lost-gang", "ray-lost", "ray-force-gang", "ray-force"}
+    forced = {kind for kind in ray_lost if mttr.RAY_KINDS[kind].get("force")}
+    assert forced == {"ray-force-gang", "ray-force"}
+    assert {mttr.anchor(kind) for kind in ray_lost - forced} == {"ray-lost-gang"}
+    assert {mttr.anchor(kind) for kind in forced} == {"ray-force-gang"}
     assert {mttr.anchor(kind) for kind in set(mttr.RAY_KINDS) - ray_lost} == {"ray-pod"}
-    assert {"pod", "lost-gang", "ray-pod", "ray-lost-gang"} <= kinds  # anchors the bench runs
+    anchors = {"pod", "lost-gang", "ray-pod", "ray-lost-gang", "ray-force-gang"}
+    assert anchors <= kinds  # anchors the bench runs
     assert mttr.RAY_KINDS["ray-lost-gang"]["in_place"] == 0
+    assert mttr.RAY_KINDS["ray-force-gang"]["in_place"] == 0
     assert mttr.RAY_KINDS["ray-lost"].get("in_place", 10) > 0
+    assert mttr.RAY_KINDS["ray-force"].get("in_place", 10) > 0
     # The anchor of a pod loss restarts every pod; the replacement keeps the budget.
     assert mttr.TORCHRUN_KINDS["lost-gang"]["in_place"] == 0
     assert mttr.TORCHRUN_KINDS["lost-replace"]["in_place"] > 0
