@@ -309,7 +309,7 @@ def unacked_alive(
 
     A worker pod killed outright never acknowledges; waiting for it held the
     head pod, and so the job's next attempt, for the whole bound (15 s, seen
-    after every SIGKILLed worker pod)."""
+    in the head's log after a SIGKILLed worker pod)."""
     return {r for r in missing if addresses.get(r) is None or addresses[r] in alive}
 
 
