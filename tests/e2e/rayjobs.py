@@ -80,6 +80,35 @@ def out_dir(state_dir: pathlib.Path, namespace: str, pod: str) -> pathlib.Path |
     return found[-1] / "volumes" / OUT_VOLUME if found else None
 
 
+def memory_copies(
+    state_dir: pathlib.Path, namespace: str, pods: list[str]
+) -> dict[int, list[int]] | None:
+    """Each rank's complete own copies in its pod's memory volume (the memory
+    tier's `rank-<r>/own/step-<N>`, a tmpfs the devcluster mounts on the host),
+    steps oldest first; None while a pod's volume is not there yet or a rank
+    is keeping a step (its temporary `.step-<N>.tmp` folder): a kill then
+    could leave the newest committed step on the volume only."""
+    from cairn.api import podenv
+    from cairn.checkpoint import layout, memtier
+
+    held: dict[int, list[int]] = {}
+    for pod in pods:
+        found = sorted((state_dir / "pods").glob(f"{namespace}_{pod}_*"))
+        if not found:
+            return None
+        volume = found[-1] / "volumes" / podenv.MEMORY_VOLUME_NAME
+        for folder in volume.glob("rank-*"):
+            own = memtier.own_root(folder)
+            try:
+                names = os.listdir(own)
+            except OSError:
+                return None
+            if any(name.startswith(".") for name in names):
+                return None
+            held[int(folder.name.removeprefix("rank-"))] = sorted(layout.step_dirs(own))
+    return held
+
+
 def head_pod(job: dict[str, Any]) -> str:
     name = job["metadata"]["name"]
     return f"{name}-a{job['status']['attempt']}-n0"

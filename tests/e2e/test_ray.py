@@ -161,9 +161,17 @@ def test_rank_actor_killed_recovers_in_place(devcluster: Any, operator: Any, bas
         groups = rayjobs.group_pids(run.core, run.namespace, run.head(job))
         if 0 not in groups:
             return
-        seen["uids"] = rayjobs.pod_uids(run.core, run.namespace, run.name)
-        seen["killed"] = groups[0][1]
-        rayjobs.kill(groups[0][1])
+        # Only between two steps' memory copies: a kill while a rank keeps the
+        # newest step leaves that step on the volume only, and the new group
+        # rightly restores it from there (seen once: tier local, not memory).
+        uids = rayjobs.pod_uids(run.core, run.namespace, run.name)
+        pods = [f"{run.name}-a{job['status']['attempt']}-n{n}" for n in (0, 1)]
+        copies = rayjobs.memory_copies(devcluster.state_dir, run.namespace, pods) or {}
+        newest = {steps[-1] if steps else 0 for steps in copies.values()}
+        if sorted(copies) != [0, 1] or len(newest) != 1 or min(newest) < (_committed(job) or 0):
+            return
+        rayjobs.kill(groups[0][1])  # right after the check: the next keep is ~1 s away
+        seen["uids"], seen["killed"] = uids, groups[0][1]
 
     job = run.run(kill_an_actor)
     status = job["status"]
