@@ -1,7 +1,7 @@
 """MTTR on the devcluster: SIGKILL of a rank's worker process -> its first training step after.
 
     python bench/mttr.py [--kills 5]
-        [--kinds pod,inplace,warm,warm-mem,lost-gang,lost-replace,
+        [--kinds pod,pod-warm,inplace,warm,warm-mem,lost-gang,lost-replace,
                  ray-pod,ray,ray-mem,ray-lost-gang,ray-lost,ray-force-gang,ray-force]
 
 One job per kind (examples/quickstart.yaml's trainer, 2 nodes x 1 process,
@@ -11,6 +11,8 @@ after the other on the running devcluster and operator:
 
 - ``pod``: ``torchrun``, ``maxInPlaceRestarts: 0`` (today's default): the
   worker's death ends torchrun, the operator restarts every pod (new attempt);
+- ``pod-warm``: the same under ``python -m cairn.trainer.launch`` (a new
+  pod's fork server imports everything once, then forks its one worker);
 - ``inplace``: ``torchrun``, ``maxInPlaceRestarts: 10``: torchrun's agents
   restart the worker group in the same pods, each worker a new interpreter;
 - ``warm``: the same under ``python -m cairn.trainer.launch`` (workers forked
@@ -43,8 +45,8 @@ after the other on the running devcluster and operator:
   the driver learns of the loss only from Ray's node health checks.
 
 The ratio column divides by the same runtime's pod-level median for the same
-fault (``pod`` for torchrun's process kills, ``lost-gang`` for its pod
-losses, ``ray-pod`` for Ray's kills, ``ray-lost-gang`` for its pod losses). Each kind's record keeps the tier its job's
+fault (the faster of ``pod`` and ``pod-warm`` for torchrun's process kills,
+``lost-gang`` for its pod losses, ``ray-pod`` for Ray's kills, ``ray-lost-gang`` for its pod losses). Each kind's record keeps the tier its job's
 last restore came from (``resumedFrom.tier``).
 
 Each kill: once a step >= 10 (then 5 past the last recovery) is committed,
@@ -89,6 +91,7 @@ GOAL_RATIO = 0.1
 
 TORCHRUN_KINDS: dict[str, dict[str, Any]] = {
     "pod": {"command": rayjobs.PLAIN_TORCHRUN, "in_place": 0},
+    "pod-warm": {"command": rayjobs.WARM_TORCHRUN, "in_place": 0},
     "inplace": {"command": rayjobs.PLAIN_TORCHRUN, "in_place": 10},
     "warm": {"command": rayjobs.WARM_TORCHRUN, "in_place": 10},
     "warm-mem": {"command": rayjobs.WARM_TORCHRUN, "in_place": 10, "memory": True},
@@ -111,6 +114,7 @@ RAY_KINDS: dict[str, dict[str, Any]] = {
 }
 LABELS = {
     "pod": "torchrun, pod-level restart (maxInPlaceRestarts 0)",
+    "pod-warm": "torchrun, pod-level restart under cairn.trainer.launch (maxInPlaceRestarts 0)",
     "inplace": "torchrun, in place",
     "warm": "torchrun, in place + warm (cairn.trainer.launch)",
     "warm-mem": "torchrun, in place + warm + memory tier",
@@ -245,16 +249,24 @@ def last_tier(job: dict[str, Any]) -> str | None:
     return (ckpts.get("resumedFrom") or {}).get("tier")
 
 
-def anchor(kind: str) -> str:
-    """The kind whose median a kind's ratio divides by: the pod-level restart of
-    the same runtime after the same fault (``ray-pod`` for Ray's kills,
-    ``ray-lost-gang`` for a lost Ray pod, ``lost-gang`` for a lost torchrun
-    pod, ``pod`` for torchrun's process kills). Pure."""
+def anchors(kind: str) -> tuple[str, ...]:
+    """The kinds whose fastest median a kind's ratio divides by: the pod-level
+    restart of the same runtime after the same fault (``ray-pod`` for Ray's
+    kills, ``ray-lost-gang`` for a lost Ray pod, ``lost-gang`` for a lost
+    torchrun pod; for torchrun's process kills ``pod`` and ``pod-warm``, the
+    pod-level restart under plain torchrun and under the warm launcher, since
+    the launcher's start-up changes help a new pod's first group too). Pure."""
     if kind in RAY_KINDS:
         if RAY_KINDS[kind]["kill"] != "lost":
-            return "ray-pod"
-        return "ray-force-gang" if RAY_KINDS[kind].get("force") else "ray-lost-gang"
-    return "lost-gang" if TORCHRUN_KINDS[kind].get("lose") else "pod"
+            return ("ray-pod",)
+        return ("ray-force-gang",) if RAY_KINDS[kind].get("force") else ("ray-lost-gang",)
+    return ("lost-gang",) if TORCHRUN_KINDS[kind].get("lose") else ("pod", "pod-warm")
+
+
+def anchor_median(rows: dict[str, dict[str, Any]], kind: str) -> float | None:
+    """The fastest median among ``kind``'s anchors that ran (None: none ran). Pure."""
+    medians = [rows[a]["median"] for a in anchors(kind) if rows.get(a, {}).get("median")]
+    return min(medians) if medians else None
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
@@ -268,7 +280,7 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
         if not row.get("n"):
             lines.append(f"| {LABELS[kind]} | 0 | | | | |")
             continue
-        pod = rows.get(anchor(kind), {}).get("median")
+        pod = anchor_median(rows, kind)
         ratio = f"{row['median'] / pod:.2f}" if pod else ""
         lines.append(
             f"| {LABELS[kind]} | {row['n']} | {row['median']:.1f} | {row['min']:.1f} "
@@ -282,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument(
         "--kinds",
-        default="pod,inplace,warm,warm-mem,lost-gang,lost-replace,"
+        default="pod,pod-warm,inplace,warm,warm-mem,lost-gang,lost-replace,"
         "ray-pod,ray,ray-mem,ray-lost-gang,ray-lost",
     )
     args = parser.parse_args(argv)
@@ -325,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             rows[kind]["killed_worker_parents"] = torchrun.parents
     text = table(rows)
     print(text)
-    warm, pod = rows.get("warm", {}).get("median"), rows.get("pod", {}).get("median")
+    warm, pod = rows.get("warm", {}).get("median"), anchor_median(rows, "warm")
     goal = None
     if warm is not None and pod:
         goal = {

@@ -177,3 +177,49 @@ def test_peer_watch_counts_silence_from_the_first_unchanged_reading() -> None:
     watch.observe(1, "8", now=12.0)  # it moved: alive again
     assert watch.presumed_dead([1], now=21.0) == []
     assert watch.silent_for(1, now=21.0) == 9.0
+
+
+@pytest.mark.parametrize(
+    ("world", "seconds"),
+    [(1, 0.001), (2, 0.001), (50, 0.001), (200, 0.004), (1000, 0.02), (8192, 0.02)],
+)
+def test_the_first_pause_grows_with_the_ranks_reading_the_store(world: int, seconds: float) -> None:
+    assert coordinator.first_poll_seconds(world) == pytest.approx(seconds)
+
+
+def test_a_wait_rereads_quickly_then_backs_off_to_the_old_pace() -> None:
+    pauses = [coordinator.first_poll_seconds(2)]
+    while len(pauses) < 8:
+        pauses.append(coordinator.next_poll(pauses[-1]))
+    assert pauses[:5] == [0.001, 0.002, 0.004, 0.008, 0.016]
+    assert pauses[5:] == [coordinator.MAX_POLL_SECONDS] * 3  # 20 ms, as every wait paused before
+
+
+def test_a_wait_sees_a_late_key_and_reads_the_store_a_bounded_number_of_times(
+    store: coordinator.Store,
+) -> None:
+    """A key that arrives 0.3 s into a wait is seen; the store is read at most
+    once per pause (1, 2, 4, 8, 16, then 20 ms), never in a tight loop."""
+    zero, one = pair(store)
+    reads = []
+    real_check = store.check
+
+    def counted(keys: list[str]) -> bool:
+        reads.append(keys)
+        return real_check(keys)
+
+    one._store = typing.cast(typing.Any, _Checked(store, counted))
+    threading.Timer(0.3, lambda: zero.broadcast("late", {"ok": True})).start()
+    assert one.wait_for("late", timeout=5) == {"ok": True}
+    waits = [keys for keys in reads if keys == [one._key("late")]]
+    assert 2 <= len(waits) <= 6 + 0.3 / coordinator.MAX_POLL_SECONDS + 2
+
+
+class _Checked:
+    """A store whose `check` is counted; everything else passes through."""
+
+    def __init__(self, store: coordinator.Store, check: typing.Callable[[list[str]], bool]) -> None:
+        self._store, self.check = store, check
+
+    def __getattr__(self, name: str) -> typing.Any:
+        return getattr(self._store, name)

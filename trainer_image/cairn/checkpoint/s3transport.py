@@ -30,6 +30,8 @@ import boto3
 import boto3.s3.transfer
 import botocore.config
 import botocore.exceptions
+import botocore.loaders
+import botocore.session
 import s3transfer.exceptions
 import s3transfer.subscribers
 
@@ -57,10 +59,56 @@ def make_client(opts: options.S3Options) -> S3Client:
         s3={"addressing_style": "path"},
     )
     session = boto3.session.Session(
-        aws_access_key_id=opts.access_key, aws_secret_access_key=opts.secret_key
+        aws_access_key_id=opts.access_key,
+        aws_secret_access_key=opts.secret_key,
+        botocore_session=_botocore_session(),
     )
+    _dedupe_search_paths()
     client: S3Client = session.client("s3", endpoint_url=opts.endpoint_url, config=config)
     return client
+
+
+_shared_loader: list[botocore.loaders.Loader] = []
+"""The data loader of this process's first botocore session, reused by every
+later one (one entry at most)."""
+
+
+def _botocore_session() -> botocore.session.Session:
+    """A new botocore session whose data loader is the process's shared one.
+
+    A client's creation reads S3's service model, endpoint rules and
+    partitions from gzipped JSON; a session's loader caches them, but every
+    new session has a new loader. Sharing one makes every client after the
+    first nearly free, and a fork of a process that made one (the warm
+    launcher's fork server, `warm_loader`) inherits the cache: measured in
+    such a fork, a client in 0.015 s instead of 0.083 s idle (0.15-0.2 s in
+    each restarted worker under the devcluster's load)."""
+    core = botocore.session.Session()
+    if _shared_loader:
+        core.register_component("data_loader", _shared_loader[0])
+    else:
+        _shared_loader.append(core.get_component("data_loader"))
+    return core
+
+
+def _dedupe_search_paths() -> None:
+    """boto3 appends its data folder to the loader's search paths at every
+    session it makes; with one shared loader they would pile up."""
+    for loader in _shared_loader:
+        loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))
+
+
+def warm_loader() -> None:
+    """Fill the shared loader's cache with what an S3 client and a listing read
+    (no network: a client to an unused local endpoint, never called)."""
+    opts = options.S3Options(
+        uri="s3://warm-up",
+        endpoint_url="http://127.0.0.1:9",
+        region="us-east-1",
+        access_key="-",
+        secret_key="-",
+    )
+    make_client(opts).get_paginator("list_objects_v2")
 
 
 def transfer_config(opts: options.S3Options) -> boto3.s3.transfer.TransferConfig:

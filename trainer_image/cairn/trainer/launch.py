@@ -33,7 +33,14 @@ every second (`rendezvous_polls_quickly`: both waits of a restart's round
 were polls; torch's 1 s from 100 nodes on); and the agent logs a failed
 worker's traceback as text (`TracebackAsText`: torch's log formatter imports
 ``torch._dynamo`` the first time it formats a traceback, 1.3 s in the agent
-at the first restart of every pod).
+at the first restart of every pod). Two more things make a worker's first
+second shorter, neither visible to the trainer: a worker other than rank 0
+waits for rank 0's store by connecting every 10 ms before the trainer runs
+(`cairn.trainer.storewait`: the group's workers start together, and one
+that tried before rank 0's store listened waited out torch's ~1 s connect
+backoff), and the fork server, after its preloads, fills botocore's model
+cache and freezes its heap out of the garbage collector's reach
+(`cairn.trainer.forkprep`, imported last: `server_preload`).
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ import sys
 import tempfile
 import typing
 from multiprocessing import forkserver, util
+
+from cairn.trainer import storewait
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +85,11 @@ DEFAULT_PRELOAD = (
 )
 """What every Cairn trainer imports: torch and the checkpoint library."""
 
+PREP_MODULE = "cairn.trainer.forkprep"
+"""Imported by the fork server after every preload: fills botocore's model cache
+and moves the server's heap out of the garbage collector's reach (a fork's full
+collection walked it: 0.23 s)."""
+
 START_METHOD = "forkserver"
 SOCKET_DIR_MAX = 70
 """The longest temp dir under which multiprocessing's fork-server socket
@@ -98,6 +112,12 @@ def split_preload(argv: list[str]) -> tuple[list[str], list[str]]:
         if not all(part.isidentifier() for part in name.split(".")):
             raise LaunchError(f"{PRELOAD_FLAG}: {name!r} is not a module name")
     return list(dict.fromkeys([*DEFAULT_PRELOAD, *extra])), rest
+
+
+def server_preload(preload: list[str]) -> list[str]:
+    """What the fork server imports, in order: `preload`, then `PREP_MODULE`
+    (it must come last: it warms and freezes what the others loaded). Pure."""
+    return [*(name for name in preload if name != PREP_MODULE), PREP_MODULE]
 
 
 def worker_args(args: typing.Any) -> list[str]:
@@ -132,6 +152,9 @@ def run_worker(mode: str, target: str, *argv: str) -> None:
     first = os.getcwd() if mode == "module" else os.path.dirname(os.path.abspath(target))
     if first not in sys.path[:1]:
         sys.path.insert(0, first)
+    # Every worker of a group starts at once: without this, a rank that tries
+    # rank 0's store before it listens waits out torch's ~1 s connect backoff.
+    storewait.wait_for_master_store(os.environ)
     try:
         if mode == "module":
             # As `python -m`: the target runs as __main__ only. A preloaded copy
@@ -416,7 +439,7 @@ def launch(config: typing.Any, entry_args: list[str], preload: list[str]) -> Non
             "agents poll the rendezvous every second"
         )
     log_tracebacks_as_text()
-    multiprocessing.set_forkserver_preload(preload)
+    multiprocessing.set_forkserver_preload(server_preload(preload))
     _short_socket_dir()
     # Started now, its imports overlap the first rendezvous; its environment is
     # the agent's (config_from_args has set OMP_NUM_THREADS), and the agent sets

@@ -20,6 +20,8 @@ import typing
 
 import ray
 
+from cairn.trainer import storewait
+
 log = logging.getLogger(__name__)
 
 PREEMPTION_POLL_SECONDS = 0.2
@@ -75,6 +77,9 @@ class RankActor:
         for name in [k for k, v in env.items() if v == ""]:
             os.environ.pop(name, None)  # "" means unset (e.g. CAIRN_REPORT_STATUS off rank 0)
         func = load_target(target)
+        # The group's ranks start at once: wait for rank 0's store quickly
+        # rather than through torch's ~1 s connect backoff (cairn.trainer.storewait).
+        storewait.wait_for_master_store(os.environ)
         watcher = threading.Thread(
             target=self._watch_preemption, args=(monitor,), name="cairn-preemption", daemon=True
         )
