@@ -93,8 +93,9 @@ PROBE_MODULE = textwrap.dedent(
         started = time.monotonic()
         gc.collect()
         collect_s = time.monotonic() - started
-        loader = s3transport._shared_loader[0] if s3transport._shared_loader else None
-        cached = len(loader._cache) if loader is not None else 0
+        inherited = s3transport._shared_loader.cache_info().currsize == 1
+        loader = s3transport._shared_loader()
+        cached = len(loader._cache) if inherited else 0
         started = time.monotonic()
         s3transport.make_client(options.S3Options(
             uri="s3://b/p", endpoint_url="http://127.0.0.1:9", access_key="a", secret_key="b"
@@ -103,7 +104,7 @@ PROBE_MODULE = textwrap.dedent(
         queue.put({
             "frozen": gc.get_freeze_count(),
             "cached_before_client": cached,
-            "same_loader": s3transport._shared_loader[0] is loader,
+            "same_loader": s3transport._shared_loader() is loader,
             "collect_s": collect_s,
             "client_s": client_s,
         })

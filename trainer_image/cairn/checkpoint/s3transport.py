@@ -21,6 +21,7 @@ as a verdict on the data.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -68,9 +69,12 @@ def make_client(opts: options.S3Options) -> S3Client:
     return client
 
 
-_shared_loader: list[botocore.loaders.Loader] = []
-"""The data loader of this process's first botocore session, reused by every
-later one (one entry at most)."""
+@functools.cache
+def _shared_loader() -> botocore.loaders.Loader:
+    """The data loader every botocore session of this process uses (made once,
+    as a session makes its own: honouring ``AWS_DATA_PATH``)."""
+    loader: botocore.loaders.Loader = botocore.session.Session().get_component("data_loader")
+    return loader
 
 
 def _botocore_session() -> botocore.session.Session:
@@ -84,18 +88,15 @@ def _botocore_session() -> botocore.session.Session:
     such a fork, a client in 0.015 s instead of 0.083 s idle (0.15-0.2 s in
     each restarted worker under the devcluster's load)."""
     core = botocore.session.Session()
-    if _shared_loader:
-        core.register_component("data_loader", _shared_loader[0])
-    else:
-        _shared_loader.append(core.get_component("data_loader"))
+    core.register_component("data_loader", _shared_loader())
     return core
 
 
 def _dedupe_search_paths() -> None:
     """boto3 appends its data folder to the loader's search paths at every
     session it makes; with one shared loader they would pile up."""
-    for loader in _shared_loader:
-        loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))
+    paths = _shared_loader().search_paths
+    paths[:] = list(dict.fromkeys(paths))
 
 
 def warm_loader() -> None:
