@@ -8,7 +8,9 @@ its successor's replica; malformed reports count as nothing held); the
 options and the pod env (`CAIRN_MEMORY_DIR`, `CAIRN_MEMORY_REPLICAS`); with
 the tier off (the default) nothing starts; a started tier (one rank, its
 replica server up) keeps a committed step off the caller's thread and
-closes with and without the close barrier.
+closes with and without the close barrier; a fetched replica is checked
+against the manifest by the size and CRC32C counted on arrival
+(`memrestore.received_problems`: a changed CRC32C or size, a missing file).
 """
 
 from __future__ import annotations
@@ -225,3 +227,24 @@ def test_peer_key_needs_the_keyring_and_uid(tmp_path: pathlib.Path) -> None:
     )
     key = memtier.peer_key(keyed)
     assert key is not None and key != RING.keys["k1"]  # derived, never the manifest key
+
+
+def test_a_fetched_replica_is_checked_by_what_was_counted_on_arrival(
+    tmp_path: pathlib.Path,
+) -> None:
+    manifest = _committed(tmp_path / "step", 4, FILES)
+    share = memtier.share_entries(manifest, 0)
+    counted = {e.path: (e.size, e.crc32c) for e in share}
+    assert memrestore.received_problems(share, counted) == []
+    meta, data = share
+    wrong = {
+        meta.path: counted[meta.path],
+        data.path: (data.size, f"{int(data.crc32c, 16) ^ 1:08x}"),
+    }
+    assert [(p.path, p.reason.split()[0]) for p in memrestore.received_problems(share, wrong)] == [
+        (data.path, "crc32c")
+    ]
+    short = {**counted, data.path: (data.size - 1, data.crc32c)}
+    assert memrestore.received_problems(share, short)[0].reason.startswith("size")
+    missing = {meta.path: counted[meta.path]}
+    assert memrestore.received_problems(share, missing)[0].reason == "not in the replica"

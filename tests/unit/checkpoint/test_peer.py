@@ -34,7 +34,7 @@ import typing
 
 import pytest
 
-from cairn.checkpoint import peer, peerwire
+from cairn.checkpoint import layout, peer, peerwire
 
 KEY = peer.derive_key(b"manifest-key-of-job-a")
 JOB = "job-a-uid"
@@ -67,7 +67,7 @@ def _push(
 
 def _fetch(
     srv: peer.ReplicaServer, dest: pathlib.Path, *, step: int, **kw: typing.Any
-) -> list[pathlib.Path]:
+) -> list[peer.FetchedFile]:
     args: dict[str, typing.Any] = {"key": KEY, "job_uid": JOB, "source_rank": 0, "deadline_s": 30}
     return peer.fetch(srv.address, step=step, dest=dest, **{**args, **kw})
 
@@ -79,7 +79,9 @@ def test_push_then_fetch_round_trip(server: peer.ReplicaServer, tmp_path: pathli
     stored = server.store / "rank-3" / "step-7"
     assert sorted(p.name for p in stored.iterdir()) == sorted([*sizes, peerwire.REPLICA_META])
     got = _fetch(server, tmp_path / "dest", step=7, source_rank=3)
-    assert [p.name for p in got] == list(sizes)
+    assert [f.path.name for f in got] == list(sizes)
+    for f in got:  # what the client counted on arrival
+        assert (f.size, f.crc32c) == layout.file_crc32c(f.path)
     for path in files:
         assert (tmp_path / "dest" / path.name).read_bytes() == path.read_bytes()
     assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == sorted(sizes)

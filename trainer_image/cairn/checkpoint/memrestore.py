@@ -10,9 +10,11 @@
                          (`peer.fetch`, which checks each file's CRC32C
                          against the replica record); then every byte is
                          checked against the step's manifest (sizes, CRC32C;
-                         the manifest must authenticate as the job's own), so
-                         a corrupt memory copy is never loaded: the next
-                         source, or the next copy (the volume, S3), is used
+                         the manifest must authenticate as the job's own; a
+                         fetched replica by the CRC32C counted as its bytes
+                         arrived, not read again), so a corrupt memory copy
+                         is never loaded: the next source, or the next copy
+                         (the volume, S3), is used
     agree on the manifest  all ranks must hold the same commit of the step
                          (one exchange of its attempt and time), and learn
                          which tier each rank used (`Fetched.tiers`)
@@ -152,8 +154,8 @@ def _find(
         reasons.append("own memory: absent")
     folder = tier.memdir / RESTORE_DIR / manifest_mod.step_dir_name(step)
     try:
-        _from_peer(ctx, tier, step, dest=folder)
-        manifest = _verified(ctx, folder, step)
+        received = _from_peer(ctx, tier, step, dest=folder)
+        manifest = _verified(ctx, folder, step, received=received)
     except _UnusableError as exc:
         shutil.rmtree(folder, ignore_errors=True)  # our own download: memory is scarce
         reasons.append(f"peer: {exc}")
@@ -165,9 +167,17 @@ class _UnusableError(Exception):
     """This source of the memory copy cannot be used (why)."""
 
 
-def _verified(ctx: fetch_mod.Context, folder: pathlib.Path, step: int) -> manifest_mod.Manifest:
+def _verified(
+    ctx: fetch_mod.Context,
+    folder: pathlib.Path,
+    step: int,
+    *,
+    received: typing.Mapping[str, tuple[int, str]] | None = None,
+) -> manifest_mod.Manifest:
     """The folder's manifest, when it is the job's own step and every file of
-    this rank's share matches it (sizes, CRC32C)."""
+    this rank's share matches it (sizes, CRC32C). `received`: a replica just
+    fetched, name -> (size, CRC32C) counted as its bytes arrived, compared
+    with the manifest instead of reading the files a second time."""
     try:
         manifest = layout.read_manifest(folder)
     except errors.CheckpointError as exc:
@@ -181,22 +191,51 @@ def _verified(ctx: fetch_mod.Context, folder: pathlib.Path, step: int) -> manife
         raise _UnusableError(
             f"step {manifest.step} of world {manifest.world_size}, wanted {step} of {ctx.world}"
         )
-    problems = layout.verify_files(folder, memtier.share_entries(manifest, ctx.rank))
+    entries = memtier.share_entries(manifest, ctx.rank)
+    if received is None:
+        problems = layout.verify_files(folder, entries)
+    else:
+        problems = received_problems(entries, received)
     if problems:
         raise _UnusableError(verdict_mod.describe(problems))
     return manifest
 
 
+def received_problems(
+    entries: typing.Sequence[manifest_mod.FileEntry],
+    received: typing.Mapping[str, tuple[int, str]],
+) -> list[layout.Problem]:
+    """Where the files of a fetched replica (name -> size, CRC32C counted on
+    arrival) differ from the manifest's entries; [] when all match. Pure."""
+    problems: list[layout.Problem] = []
+    for entry in entries:
+        got = received.get(entry.path)
+        if got is None:
+            problems.append(layout.Problem(path=entry.path, reason="not in the replica"))
+        elif got[0] != entry.size:
+            problems.append(
+                layout.Problem(path=entry.path, reason=f"size {got[0]} != manifest {entry.size}")
+            )
+        elif got[1] != entry.crc32c:
+            problems.append(
+                layout.Problem(
+                    path=entry.path, reason=f"crc32c {got[1]} != manifest {entry.crc32c}"
+                )
+            )
+    return problems
+
+
 def _from_peer(
     ctx: fetch_mod.Context, tier: memtier.MemoryTier, step: int, *, dest: pathlib.Path
-) -> None:
-    """This rank's replica of `step`, fetched from its successor into `dest` (in memory)."""
+) -> dict[str, tuple[int, str]]:
+    """This rank's replica of `step`, fetched from its successor into `dest` (in
+    memory): name -> (size, CRC32C) as counted on arrival."""
     address = tier.peer_of(ctx.rank)
     if address is None or tier.key is None or tier.job_uid is None:
         raise _UnusableError("no peer replica (replicas off, no key, or one rank)")
     shutil.rmtree(dest, ignore_errors=True)
     try:
-        peer.fetch(
+        fetched = peer.fetch(
             address,
             key=tier.key,
             job_uid=tier.job_uid,
@@ -207,6 +246,7 @@ def _from_peer(
         )
     except (peer.PeerUnavailable, OSError) as exc:
         raise _UnusableError(str(exc)) from exc
+    return {f.path.name: (f.size, f.crc32c) for f in fetched}
 
 
 def _promote(

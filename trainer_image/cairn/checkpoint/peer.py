@@ -30,6 +30,7 @@ that, then `PeerUnavailable`. Files are streamed in `peerwire.CHUNK`s.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -48,7 +49,7 @@ from awscrt import checksums
 from cairn.checkpoint import peerwire
 from cairn.checkpoint.peerwire import PeerUnavailable
 
-__all__ = ["PeerUnavailable", "ReplicaServer", "derive_key", "fetch", "push"]
+__all__ = ["FetchedFile", "PeerUnavailable", "ReplicaServer", "derive_key", "fetch", "push"]
 
 MAX_FILE_BYTES = 256 * 1024**3
 MAX_FILES = 4096
@@ -148,6 +149,16 @@ def _send_file(chan: peerwire.Channel, path: pathlib.Path, size: int) -> str:
     return f"{crc:08x}"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FetchedFile:
+    """A fetched file, with the size and CRC32C the client counted as its
+    bytes arrived (equal to the replica record's, or the fetch failed)."""
+
+    path: pathlib.Path
+    size: int
+    crc32c: str
+
+
 def fetch(
     address: tuple[str, int],
     *,
@@ -159,14 +170,17 @@ def fetch(
     deadline_s: float,
     io_timeout_s: float = 10.0,
     max_file_bytes: int = MAX_FILE_BYTES,
-) -> list[pathlib.Path]:
+) -> list[FetchedFile]:
     """`source_rank`'s replica of `step` from the peer, into `dest` (created);
     every file's size and CRC32C checked before any is renamed into place.
-    Returns the files' paths in the server's order."""
+    Returns the files in the server's order, each with the CRC32C counted
+    on arrival (a caller can compare it with a manifest instead of reading
+    the files again)."""
     chan = _connect(
         address, key=key, job_uid=job_uid, deadline_s=deadline_s, io_timeout_s=io_timeout_s
     )
     parts: list[tuple[pathlib.Path, pathlib.Path]] = []
+    counted: list[tuple[int, str]] = []
     with chan.sock:
         chan.send_msg({"op": "fetch", "source_rank": source_rank, "step": step})
         listed = _file_list(chan.expect_ok("fetch").get("files"), max_file_bytes=max_file_bytes)
@@ -180,6 +194,7 @@ def fetch(
                     raise PeerUnavailable(
                         f"{chan.peer}: {name} crc32c {got} != replica record {crc}"
                     )
+                counted.append((size, got))
             for part, final in parts:
                 os.replace(part, final)
         except OSError as exc:
@@ -187,7 +202,10 @@ def fetch(
         finally:
             for part, _ in parts:
                 part.unlink(missing_ok=True)
-    return [final for _, final in parts]
+    return [
+        FetchedFile(path=final, size=size, crc32c=crc)
+        for (_, final), (size, crc) in zip(parts, counted, strict=True)
+    ]
 
 
 def _file_list(value: object, *, max_file_bytes: int) -> list[tuple[str, int, str]]:
