@@ -87,6 +87,14 @@ kill missed runs to its end, up to SAVES_PER_ATTEMPT steps past the last).
 3 until 2026-11-29: under CI's load (seed 4291054044) 11 attempts of the two
 chains ended before their fault point and one chain gave up after its 15
 attempts at 4 kills of 5 (the same seed replayed here: 5 missed, 10 kills)."""
+KILL_WINDOW = (4.0, 12.0)
+"""`anytime` and `survivor` kill at a random moment this many seconds after the launch."""
+TIMED_STEP_SECONDS = 3.0
+"""Their attempts sleep this long per step, so that SAVES_PER_ATTEMPT steps
+outlast KILL_WINDOW and the kill lands: without it, an attempt of 4 quick
+steps often ended first, a miss that costs an attempt (17 misses and a
+chain one kill short in one run, 2026-11-29 12:30 UTC, seed 2533921541,
+which the replay then passed with 2 misses)."""
 JOB_UID = "c0ffee00-0000-4000-8000-00000000kill"
 CHAINS = 2
 
@@ -255,6 +263,7 @@ def run_chain(
                 "s3": s3,
                 "timeout": 60.0,
                 "sigterm": True,  # SIGTERM -> final save (survivor); SIGKILL is unaffected
+                "sleep_per_step": TIMED_STEP_SECONDS if phase in ("anytime", "survivor") else 0.0,
             },
             world=WORLD,
             tmp=tmp,
@@ -374,7 +383,7 @@ def kill(
     (a rotation that had nothing to delete); raises if a rank failed by itself.
     """
     if phase in ("anytime", "survivor"):
-        deadline = time.monotonic() + rng.uniform(4.0, 12.0)
+        deadline = time.monotonic() + rng.uniform(*KILL_WINDOW)
         while time.monotonic() < deadline and all(p.poll() is None for p in job.procs):
             time.sleep(0.05)
     else:
