@@ -417,7 +417,8 @@ def assert_s3_steps_verify(
     assert listing, "nothing uploaded"
     assert storage.get("verifiedStep") == final_step, storage
     assert sorted(listing) == [manifest_mod.step_dir_name(s) for s in storage["remoteSteps"]], (
-        storage
+        storage,
+        {folder: sorted(objects) for folder, objects in sorted(listing.items())},
     )
     assert manifest_mod.step_dir_name(final_step) in listing, sorted(listing)
     s3 = target.s3_client()

@@ -329,6 +329,36 @@ def test_rotation_takes_this_jobs_leftovers_of_a_killed_attempt_in_one_pass() ->
     assert anonymous.paths == (manifest_mod.MANIFEST_NAME, *sorted(FILES))
 
 
+def test_rotation_takes_a_fenced_rank_groups_leftovers_too() -> None:
+    # Group 0 of attempt 1 uploaded part of step 15 and lost a rank before
+    # the manifest; group 1 (in place) committed step 15 beside it. Its
+    # objects are this job's (``a1g0``'s prefix is ``a1``; later groups
+    # ``a1g<g>``): rotating step 15 away takes them with it.
+    listing, manifests = world([15, 20, 30, 40])
+    listing[15] = {
+        **listing[15],
+        "a1g2-aaaaaaaa/__0_0.distcp": OBJ(size=7),
+        "a1g3-bbbbbbbb/__0_0.distcp": OBJ(size=7),  # another job's: kept
+    }
+    remote = checkpointspec.RemoteRetention(keep_last=3)
+    result = s3plan.plan(listing=listing, manifests=manifests, remote=remote, own_uid8="aaaaaaaa")
+    (deletion,) = result.deletions
+    assert deletion.paths[-1] == "a1g2-aaaaaaaa/__0_0.distcp"
+    assert "a1g3-bbbbbbbb/__0_0.distcp" not in deletion.paths
+
+
+def test_partial_keeps_another_jobs_group_scoped_data() -> None:
+    listing, manifests = world([10, 20, 30])
+    listing[15] = {
+        "a2g1-aaaaaaaa/__0_0.distcp": OBJ(size=7),
+        "a2g1-bbbbbbbb/__0_0.distcp": OBJ(size=7),
+    }
+    remote = checkpointspec.RemoteRetention(keep_last=5)
+    result = s3plan.plan(listing=listing, manifests=manifests, remote=remote, own_uid8="aaaaaaaa")
+    (deletion,) = result.deletions
+    assert deletion.paths == ("a2g1-aaaaaaaa/__0_0.distcp",)
+
+
 def test_rotation_keeps_leftovers_a_superseded_manifest_still_lists() -> None:
     # Step 15's older lineage was moved aside under .cairn/ and its manifest
     # there lists a1-… data in this folder: rotating the new step 15 keeps it.

@@ -244,11 +244,18 @@ def protected_steps(
     return frozenset(keep)
 
 
-_DATA_PREFIX = re.compile(r"^a\d+-([0-9A-Za-z-]{1,8})/")
+_DATA_PREFIX = re.compile(r"^a\d+(?:g\d+)?-([0-9A-Za-z-]{1,8})/")
+"""``a<attempt>-<uid8>/`` or, for a later rank group of an attempt (an in-place
+restart), ``a<attempt>g<group>-<uid8>/`` (`layout.attempt_token`). Before
+2026-11-29 only the first form was recognised: a fenced group's leftovers
+in a rotated step stayed behind as a manifest-less folder (an e2e run's
+listing kept a folder that `status.storage.remoteSteps` did not name), and
+in a manifest-less folder another job's group-scoped objects were taken for
+this job's unprefixed ones."""
 
 
 def _attempt_uid8(path: str) -> str | None:
-    """The job UID prefix of attempt-scoped data (``a<attempt>-<uid8>/…``);
+    """The job UID prefix of attempt-scoped data (``a<attempt>[g<group>]-<uid8>/…``);
     None for an object directly under ``step-<N>/``. Pure."""
     match = _DATA_PREFIX.match(path)
     return None if match is None else match.group(1)
@@ -257,7 +264,7 @@ def _attempt_uid8(path: str) -> str | None:
 def _own_partial(path: str, own_uid8: str | None) -> bool:
     """Whether an object of a manifest-less step folder is this job's to delete. Pure.
 
-    Attempt-scoped data (``a<attempt>-<uid8>/…``) belongs to the job whose
+    Attempt-scoped data (``a<attempt>[g<group>]-<uid8>/…``) belongs to the job whose
     UID starts with ``uid8``; another job's (a zombie of a deleted job, an
     import) is not ours and is kept. Objects directly under ``step-<N>/``
     (Cairn before attempt-scoped keys) are this job's, as they always were.
