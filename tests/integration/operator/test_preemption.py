@@ -12,6 +12,7 @@ reason Preempted and the rank, `restarts` counting every restart while
 `restartsCountTowardsMax` stays 0, and a Warning event Preempted.
 """
 
+import datetime
 from typing import Any
 
 import pytest
@@ -63,11 +64,17 @@ def test_disruptions_do_not_count(kube: Kube) -> None:
     _preempted(kube, attempt=1, rank=1)
 
     # 2. DisruptionTarget as the taint manager sets it; the pod keeps running.
+    # With its transition time, as the taint manager writes it: without one,
+    # kube-controller-manager's disruption controller takes the condition for
+    # one set long ago on a pod never deleted (stale after 2 min) and resets it
+    # to False at once, a race the operator lost once (a full run, 2026-11-29
+    # 12:58 UTC: the pod showed DisruptionTarget False, attempt 3 never came).
     condition = {
         "type": "DisruptionTarget",
         "status": "True",
         "reason": "DeletionByTaintManager",
         "message": "Taint manager: deleting due to NoExecute taint",
+        "lastTransitionTime": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     kube.core.patch_namespaced_pod_status("pre-a2-n0", ns, {"status": {"conditions": [condition]}})
     status = _preempted(kube, attempt=2, rank=0)
