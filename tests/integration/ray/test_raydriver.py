@@ -2,9 +2,12 @@
 
 Covers: 2 rank actors train and commit (uploads to the real S3 server); a
 rank actor's process SIGKILLed mid-training → the driver starts group 1 in
-place, which restores from the last committed step, and the run ends with
+place from the standby rank actors warmed meanwhile (torch imported), which
+restores from the last committed step, and the run ends with
 per-step losses and exported weights bit-identical to an undisturbed torchrun
-run; the in-place budget spent → retryable exit (75); SIGTERM of the driver →
+run; a standby that died before it was needed → the restart starts fresh
+actors and the run completes; the in-place budget spent → retryable exit
+(75); SIGTERM of the driver →
 every rank saves a final checkpoint, committed, exit 143 (preempted).
 """
 
@@ -13,7 +16,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
+import time
 import typing
 
 import pytest
@@ -32,7 +37,7 @@ JOB_UID = "0123abcd-4567-89ef-0123-456789abcdef"
 def test_sigkill_rank_recovers_in_place_bit_identical(
     tmp_path: pathlib.Path, ray_head: rayhead.RayHead, s3_server: typing.Any
 ) -> None:
-    steps = 10
+    steps = 12  # long enough for the standbys to warm before the kill
 
     def s3_env(bucket: str) -> dict[str, str]:
         return {
@@ -59,9 +64,18 @@ def test_sigkill_rank_recovers_in_place_bit_identical(
         ray_head,
         harness.base_env(run, **s3_env(s3_server.new_bucket("ray-killed"))),
         steps=steps,
-        trainer_extra=["--step-delay=0.5"],
+        trainer_extra=["--step-delay=1.0"],
     )
     harness.wait_until("step 4 committed", lambda: harness.committed(run, 4), driver, run)
+    harness.wait_until(
+        "group 1's standbys warm",
+        lambda: (
+            "group 1: standby rank actors ready"
+            in (run / "driver.log").read_text("utf-8", "replace")
+        ),
+        driver,
+        run,
+    )
     victim = harness.group_pids(run)[0][1]
     os.kill(victim, signal.SIGKILL)
     assert harness.wait(driver, run) == 0, harness.log_text(run)
@@ -71,7 +85,9 @@ def test_sigkill_rank_recovers_in_place_bit_identical(
     assert sorted(groups) == [0, 1], log[-4000:]
     assert victim not in groups[1]
     assert "in-place restart 1/3: group 0 -> 1" in log
-    resumed = [int(s) for s in __import__("re").findall(r"resumed from step (\d+)", log)]
+    # Group 1 is the standbys (torch imported before the kill), not new actors.
+    assert "group 1: the standby rank actors take over" in log, log[-4000:]
+    resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", log)]
     assert resumed and resumed[-1] >= 4, log[-4000:]
     # Bit for bit the torchrun run: every step's loss and the exported weights.
     assert harness.losses(run) == harness.losses(straight)
@@ -85,6 +101,40 @@ def test_sigkill_rank_recovers_in_place_bit_identical(
     assert (final / ".uploaded").is_file()
     fence = json.loads((run / "ckpt" / ".cairn-fence").read_text())
     assert fence == {"job_uid": JOB_UID, "attempt": 1, "group": 1}
+
+
+@pytest.mark.timeout(900)
+def test_a_dead_standby_makes_the_restart_start_fresh_actors(
+    tmp_path: pathlib.Path, ray_head: rayhead.RayHead
+) -> None:
+    run = tmp_path / "ray"
+    driver = harness.launch_driver(
+        run, ray_head, harness.base_env(run), steps=20, trainer_extra=["--step-delay=1.0"]
+    )
+    ready = re.compile(r"group 1: standby rank actors ready, pids \[([\d, ]+)\]")
+
+    def text() -> str:
+        return (run / "driver.log").read_text("utf-8", "replace")
+
+    harness.wait_until(
+        "group 1's standbys warm", lambda: ready.search(text()) is not None, driver, run
+    )
+    found = ready.search(text())
+    assert found is not None
+    standbys = [int(p) for p in found.group(1).split(",")]
+    os.kill(standbys[1], signal.SIGKILL)  # rank 1's standby dies first...
+    time.sleep(1.0)  # ...and Ray has seen it go
+    victim = harness.group_pids(run)[0][1]
+    os.kill(victim, signal.SIGKILL)  # ...then rank 1 itself
+    assert harness.wait(driver, run) == 0, harness.log_text(run)
+    log = text()
+    assert "group 1: standby rank actors unusable (ActorDiedError), starting new ones" in log, log[
+        -4000:
+    ]
+    groups = harness.group_pids(run)
+    assert sorted(groups) == [0, 1], log[-4000:]
+    assert not set(groups[1]) & set(standbys), (groups, standbys)
+    assert sorted(harness.losses(run)) == list(range(1, 21))
 
 
 @pytest.mark.timeout(900)

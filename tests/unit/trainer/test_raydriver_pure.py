@@ -1,18 +1,20 @@
 """Pure parts of the Ray driver: bundle layout (and the node order of a new
 placement after a node loss), rank env, GPU env, the recovery decision table
 (a lost node restarts in place on a new placement while the budget lasts), the
-command line, the status.ray patch, and the monitor's group fencing (the
-`CheckpointMonitor` class without Ray)."""
+command line, the status.ray patch, the monitor's group fencing (the
+`CheckpointMonitor` class without Ray), and when standby rank actors start
+and with which process env."""
 
 from __future__ import annotations
 
 import datetime
+import typing
 
 import pytest
 
 from cairn.api import exitcodes
 from cairn.checkpoint import monitor
-from cairn.trainer.raydriver import cli, placement, recovery
+from cairn.trainer.raydriver import cli, placement, recovery, standby
 from cairn.trainer.raydriver import status as status_mod
 
 # -- placement -------------------------------------------------------------------------
@@ -212,6 +214,11 @@ def test_cli_flags_override_env() -> None:
     assert (cfg.nodes, cfg.procs_per_node, cfg.max_inplace_restarts, cfg.argv) == (1, 3, 0, [])
 
 
+def test_cli_standbys_are_on_unless_turned_off() -> None:
+    assert cli.parse(["m:f"], {}).standby is True
+    assert cli.parse(["--no-standby", "m:f"], {}).standby is False
+
+
 def test_cli_target_without_function_is_a_config_error() -> None:
     with pytest.raises(ValueError, match="MODULE:FUNCTION"):
         cli.parse(["cairn.trainer.reference"], {})
@@ -348,3 +355,45 @@ def test_load_target_rejects_a_module_without_function() -> None:
     with pytest.raises(ValueError, match="is not a function"):
         rank.load_target("cairn.trainer.reference:PREEMPTED_EXIT_CODE")
     assert callable(rank.load_target("cairn.trainer.reference:main"))
+
+
+# -- standby rank actors -----------------------------------------------------------------
+
+_READY: dict[str, typing.Any] = {
+    "enabled": True,
+    "gpus_per_rank": 0.0,
+    "restarts_done": 0,
+    "budget": 3,
+    "running_seconds": standby.STANDBY_AFTER_SECONDS,
+    "have": False,
+}
+
+
+def test_standbys_start_once_a_cpu_group_has_run_a_while_with_restarts_left() -> None:
+    assert standby.wanted(**_READY)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"enabled": False},
+        {"gpus_per_rank": 1.0},
+        {"gpus_per_rank": 0.5},
+        {"restarts_done": 3},
+        {"budget": 0},
+        {"running_seconds": standby.STANDBY_AFTER_SECONDS - 0.1},
+        {"have": True},
+    ],
+    ids=["off", "gpu", "half-gpu", "budget-spent", "no-budget", "too-early", "already"],
+)
+def test_no_standbys(change: dict[str, object]) -> None:
+    assert not standby.wanted(**{**_READY, **change})
+
+
+@pytest.mark.parametrize(
+    ("cpus", "forwarded", "omp"),
+    [(1.0, {}, "1"), (2.5, {}, "2"), (0.5, {}, "1"), (4.0, {"OMP_NUM_THREADS": "3"}, "3")],
+)
+def test_standby_env_is_a_ranks_at_import(cpus: float, forwarded: dict[str, str], omp: str) -> None:
+    env = standby.process_env({**forwarded, "TORCH_LOGS": "dynamo"}, cpus_per_rank=cpus)
+    assert env == {"OMP_NUM_THREADS": omp, "TORCH_LOGS": "dynamo"}

@@ -2,7 +2,7 @@
 
     python -m cairn.trainer.raydriver [--nodes N] [--procs-per-node P]
         [--cpus-per-rank C] [--gpus-per-rank G] [--max-inplace-restarts K]
-        [--address ADDR] MODULE:FUNCTION [-- ARGS...]
+        [--address ADDR] [--no-standby] MODULE:FUNCTION [-- ARGS...]
 
 Defaults come from the pod contract: CAIRN_NNODES, CAIRN_NPROC_PER_NODE,
 CAIRN_RAY_MAX_INPLACE_RESTARTS (3), CAIRN_FINAL_CHECKPOINT_GRACE_SECONDS,
@@ -45,6 +45,11 @@ def parse(argv: list[str], env: typing.Mapping[str, str]) -> typing.Any:
     parser.add_argument("--gpus-per-rank", type=float, default=None)
     parser.add_argument("--max-inplace-restarts", type=int, default=None)
     parser.add_argument("--address", default=None, help="Ray address (default RAY_ADDRESS)")
+    parser.add_argument(
+        "--no-standby",
+        action="store_true",
+        help="start every group's rank actors fresh (no warm standbys)",
+    )
     parser.add_argument("target", help="MODULE:FUNCTION, called with the ARGS after --")
     ours, sep, theirs = _split(argv)
     args = parser.parse_args(ours)
@@ -73,6 +78,7 @@ def parse(argv: list[str], env: typing.Mapping[str, str]) -> typing.Any:
         max_inplace_restarts=budget,
         grace_seconds=_env_number(env, podenv.FINAL_CHECKPOINT_GRACE_SECONDS, None),
         address=args.address,
+        standby=not args.no_standby,
     )
 
 

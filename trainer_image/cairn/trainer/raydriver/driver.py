@@ -10,7 +10,10 @@
 
 The placement group survives in-place restarts (its bundles are freed when
 the old actors die and taken by the new ones), so a restart costs new actor
-processes, the process group and the restore, not a reservation. A node of
+processes, the process group and the restore, not a reservation; while a
+group of CPU ranks trains, the next group's actors are started and warmed
+(torch imported) as standbys in the same bundles (`standby`), so a restart
+mostly costs the process group and the restore. A node of
 the group that is gone (its pod lost: the operator puts a pod of the same
 name in its place, docs/operator.md) pins its bundles to a node id that
 will never come back, so then the driver waits (bounded, progress logged)
@@ -41,7 +44,7 @@ from ray.util.scheduling_strategies import (
 from cairn.api import exitcodes
 from cairn.checkpoint import monitor as monitor_mod
 from cairn.trainer import raynode_plan
-from cairn.trainer.raydriver import placement, rank, recovery
+from cairn.trainer.raydriver import placement, rank, recovery, standby
 from cairn.trainer.raydriver import status as status_mod
 
 log = logging.getLogger("cairn.trainer.raydriver")
@@ -76,6 +79,9 @@ class Config:
     """The final checkpoint's grace after SIGTERM (CAIRN_FINAL_CHECKPOINT_GRACE_SECONDS)."""
     start_timeout_seconds: float = 300.0
     """Bound on the placement group becoming ready and on actors starting."""
+    standby: bool = True
+    """Warm standby rank actors for the next in-place restart (CPU ranks;
+    `cairn.trainer.raydriver.standby`); `--no-standby` turns them off."""
     address: str | None = None
     namespace: str | None = None
 
@@ -113,6 +119,11 @@ class Driver:
         self._layout: placement.Layout | None = None
         self._node_order: list[str] = []
         """The placement's nodes by node rank (0: the driver's)."""
+        self._standbys: list[typing.Any] = []
+        """The next group's rank actors, started and warming (`standby`)."""
+        self._standby_generation: int | None = None
+        self._standby_warming: list[typing.Any] = []
+        """Their `prepare` results not yet seen (logged once all are in)."""
 
     # -- entry ------------------------------------------------------------------------
 
@@ -244,6 +255,7 @@ class Driver:
                 )
                 last_print = waited
             time.sleep(NODE_POLL_SECONDS)
+        self._drop_standbys()  # in the old placement's bundles
         if self._pg is not None:
             remove_placement_group(self._pg)
             self._pg = None
@@ -287,23 +299,107 @@ class Driver:
                 f"{self.cfg.start_timeout_seconds:.0f}s: not enough resources on the nodes"
             ) from exc
 
+    def _actor(self, r: int, generation: int, *, env: dict[str, str] | None = None) -> typing.Any:
+        """Rank r's actor of `generation` in its bundle; `env`: a standby (no
+        resources of its own, that process env: `standby`)."""
+        # Actor handles: Ray's stubs do not type the methods' `.remote`.
+        actor_cls: typing.Any = ray.remote(rank.RankActor)
+        where = PlacementGroupSchedulingStrategy(
+            placement_group=self._pg, placement_group_bundle_index=r
+        )
+        if env is not None:
+            return actor_cls.options(
+                num_cpus=0,
+                num_gpus=0,
+                max_restarts=0,
+                scheduling_strategy=where,
+                runtime_env={"env_vars": env},
+            ).remote(rank=r, group=generation)
+        return actor_cls.options(
+            num_cpus=self.cfg.cpus_per_rank,
+            num_gpus=self.cfg.gpus_per_rank,
+            max_restarts=0,
+            scheduling_strategy=where,
+        ).remote(rank=r, group=generation)
+
+    def _start_standbys(self, group: Group) -> None:
+        """The next group's actors, warming while this one trains (`standby.wanted`)."""
+        if not standby.wanted(
+            enabled=self.cfg.standby,
+            gpus_per_rank=self.cfg.gpus_per_rank,
+            restarts_done=self.restarts,
+            budget=self.cfg.max_inplace_restarts,
+            running_seconds=time.monotonic() - group.started,
+            have=bool(self._standbys),
+        ):
+            return
+        env = standby.process_env(self._forwarded_env(), cpus_per_rank=self.cfg.cpus_per_rank)
+        nxt = group.generation + 1
+        self._standbys = [self._actor(r, nxt, env=env) for r in range(len(group.actors))]
+        self._standby_generation = nxt
+        self._standby_warming = [a.prepare.remote(list(standby.PRELOAD)) for a in self._standbys]
+        log.info("group %d: %d standby rank actors warming", nxt, len(self._standbys))
+
+    def _note_standbys_ready(self) -> None:
+        """Log once when every standby has its imports done (or failed them:
+        a standby that cannot serve is found when it is needed)."""
+        if not self._standby_warming:
+            return
+        done, _ = ray.wait(self._standby_warming, num_returns=len(self._standby_warming), timeout=0)
+        if len(done) < len(self._standby_warming):
+            return
+        self._standby_warming = []
+        try:
+            warmed = ray.get(done, timeout=10)
+        except Exception as exc:  # a standby died warming: _start_group replaces them
+            log.warning("group %s standbys: warming failed: %s", self._standby_generation, exc)
+            return
+        log.info(
+            "group %s: standby rank actors ready, pids %s (imports took %s s)",
+            self._standby_generation,
+            [w["pid"] for w in warmed],
+            ", ".join(f"{w['seconds']:.1f}" for w in warmed),
+        )
+
+    def _take_standbys(self, generation: int) -> list[typing.Any]:
+        """The standbys when they are this generation's; [] otherwise (dropped)."""
+        actors, self._standbys = self._standbys, []
+        self._standby_warming = []
+        if actors and self._standby_generation != generation:
+            self._kill_actors(actors)
+            return []
+        return actors
+
+    def _drop_standbys(self) -> None:
+        actors, self._standbys = self._standbys, []
+        self._standby_warming = []
+        self._kill_actors(actors)
+
     def _start_group(self, generation: int) -> Group:
         layout = self._layout
         assert layout is not None
-        actor_cls = ray.remote(rank.RankActor)
-        # Actor handles: Ray's stubs do not type the methods' `.remote`.
-        actors: list[typing.Any] = [
-            actor_cls.options(
-                num_cpus=self.cfg.cpus_per_rank,
-                num_gpus=self.cfg.gpus_per_rank,
-                max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._pg, placement_group_bundle_index=r
-                ),
-            ).remote(rank=r, group=generation)
-            for r in range(len(layout.bundles))
-        ]
-        wheres = ray.get([a.where.remote() for a in actors], timeout=self.cfg.start_timeout_seconds)
+        actors = self._take_standbys(generation)
+        wheres: list[dict[str, typing.Any]] = []
+        if actors:
+            try:
+                wheres = ray.get(
+                    [a.where.remote() for a in actors],
+                    timeout=min(standby.ANSWER_SECONDS, self.cfg.start_timeout_seconds),
+                )
+                log.info("group %d: the standby rank actors take over", generation)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+                log.warning(
+                    "group %d: standby rank actors unusable (%s), starting new ones",
+                    generation,
+                    type(exc).__name__,
+                )
+                self._kill_actors(actors)
+                actors = []
+        if not actors:
+            actors = [self._actor(r, generation) for r in range(len(layout.bundles))]
+            wheres = ray.get(
+                [a.where.remote() for a in actors], timeout=self.cfg.start_timeout_seconds
+            )
         cuda = placement.cuda_env([w["gpus"] for w in wheres], node_of_rank=layout.node_of_rank)
         committed = ray.get(self._monitor.last_committed.remote(), timeout=60)
         base = recovery.group_resume_env(self._forwarded_env(), committed=committed)
@@ -380,6 +476,9 @@ class Driver:
                 timed_out = self._preemption_tick()
                 if timed_out is not None:
                     return timed_out
+            else:
+                self._start_standbys(group)
+                self._note_standbys_ready()
         return recovery.GroupEnd(kind="finished", codes=tuple(codes))
 
     def _dead_peer(self, pending: dict[typing.Any, int]) -> tuple[int, BaseException] | None:
@@ -430,12 +529,16 @@ class Driver:
 
     # -- teardown ---------------------------------------------------------------------
 
-    def _kill_group(self, group: Group) -> None:
-        for actor in group.actors:
+    @staticmethod
+    def _kill_actors(actors: typing.Iterable[typing.Any]) -> None:
+        for actor in actors:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception as exc:  # already dead
                 log.debug("kill: %s", exc)
+
+    def _kill_group(self, group: Group) -> None:
+        self._kill_actors(group.actors)
         # Bounded wait until the actors are gone, so their bundles are free.
         deadline = time.monotonic() + KILL_WAIT_SECONDS
         for ref in group.runs:
@@ -449,6 +552,7 @@ class Driver:
                 log.debug("group %d rank ended: %s", group.generation, type(exc).__name__)
 
     def _teardown(self) -> None:
+        self._drop_standbys()
         if self._monitor is not None:
             try:
                 ray.kill(self._monitor, no_restart=True)

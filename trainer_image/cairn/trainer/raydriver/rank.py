@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import typing
 
 import ray
@@ -57,6 +58,14 @@ class RankActor:
         self._rank = rank
         self._group = group
         self._stop = threading.Event()
+
+    def prepare(self, modules: list[str]) -> dict[str, typing.Any]:
+        """A standby's warm-up (`cairn.trainer.raydriver.standby`): import what
+        every rank imports first, so that `run` does not; its pid and the seconds taken."""
+        started = time.monotonic()
+        for name in modules:
+            importlib.import_module(name)
+        return {"pid": os.getpid(), "seconds": time.monotonic() - started}
 
     def where(self) -> dict[str, typing.Any]:
         """This actor's node IP, pid, GPUs, and a free port (rank 0's becomes MASTER_PORT)."""
