@@ -13,15 +13,18 @@ one copy, into pages the model already holds.
                  (never plain pickle), no data read, and torch's own offset of
                  the storage record inside the entry (`_checkpoint_offset`,
                  what torch's meta and mmap loads use)
-    direct read  only when everything agrees: a plain dense CPU tensor,
-                 contiguous and non-empty, as the target; a contiguous saved tensor of the same dtype and shape
-                 that starts its storage and fills it; the whole tensor wanted
-                 (no resharding narrow); the record inside the entry; saved
-                 little-endian on a little-endian host. Then `os.preadv` into
-                 the target's bytes.
+    direct read  only when everything agrees: the target a plain dense CPU
+                 tensor, contiguous and non-empty; the saved tensor
+                 contiguous, of the same dtype and shape, starting its
+                 storage and filling it; the whole tensor wanted (no
+                 resharding narrow); the record inside the entry; saved
+                 little-endian on a little-endian host. Then `os.preadv`
+                 into the target's bytes.
     otherwise    None: the caller reads the entry DCP's way (same result,
-                 slower). Never a different result, never a partial target
-                 left behind without the caller's fallback overwriting it.
+                 slower). A file that ends early (a Cairn step's files are
+                 size- and CRC32C-checked before; an imported folder's are
+                 not) goes to that fallback too, which rewrites the target
+                 or raises.
 
 Which path each entry took is counted (`Counts`) for tests and benches.
 """
