@@ -395,5 +395,7 @@ def test_no_standbys(change: dict[str, object]) -> None:
     [(1.0, {}, "1"), (2.5, {}, "2"), (0.5, {}, "1"), (4.0, {"OMP_NUM_THREADS": "3"}, "3")],
 )
 def test_standby_env_is_a_ranks_at_import(cpus: float, forwarded: dict[str, str], omp: str) -> None:
-    env = standby.process_env({**forwarded, "TORCH_LOGS": "dynamo"}, cpus_per_rank=cpus)
+    secrets = {"AWS_SECRET_ACCESS_KEY": "s3cr3t", "CAIRN_MANIFEST_KEYRING": "k", "TMPDIR": "/t"}
+    env = standby.process_env({**forwarded, **secrets, "TORCH_LOGS": "dynamo"}, cpus_per_rank=cpus)
+    # Only what torch reads at import: a runtime_env is kept in Ray's actor table.
     assert env == {"OMP_NUM_THREADS": omp, "TORCH_LOGS": "dynamo"}

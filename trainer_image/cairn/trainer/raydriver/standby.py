@@ -16,10 +16,13 @@ the standbys the next group's ranks, and starts new standbys later.
     resources  none of their own: the bundle's CPUs belong to the running
              rank until it dies, and a standby runs only after it has (Ray
              accounts the rank's CPUs to the bundle, reserved for the job)
-    env      the actor's process env is what a rank's would be when it
-             imports torch: the driver's forwarded env (TORCH*, OMP_*,
-             ...), and OMP_NUM_THREADS as Ray gives a rank of
-             `cpus_per_rank` CPUs when the driver sets none (`process_env`)
+    env      what a rank's process env holds that torch reads at import:
+             the driver's forwarded TORCH* and OMP_* variables, and
+             OMP_NUM_THREADS as Ray gives a rank of `cpus_per_rank` CPUs
+             when the driver sets none (`process_env`). Nothing else: a
+             runtime_env is kept in Ray's actor table and its agent's logs,
+             so credentials (AWS_*) and the job's CAIRN_* settings travel
+             only with `run`, as for every rank
     GPU ranks  not used: a standby has no GPU of its own in Ray's books and
              could not be tested here (no GPU lent); GPU ranks start fresh
              actors as before
@@ -43,6 +46,8 @@ PRELOAD = ("torch", "torch.distributed", "cairn.checkpoint")
 """What a standby imports before it is needed: what every rank imports
 first. The user's module is not: it may read the rank's env at import."""
 OMP = "OMP_NUM_THREADS"
+IMPORT_ENV_PREFIXES = ("OMP_", "TORCH")
+"""The forwarded variables a standby gets at start (what torch reads at import)."""
 
 
 def wanted(
@@ -65,10 +70,11 @@ def wanted(
 
 
 def process_env(forwarded: typing.Mapping[str, str], *, cpus_per_rank: float) -> dict[str, str]:
-    """A standby's process env: what a fresh rank's process has when its
-    `run` imports torch (the forwarded env over Ray's OMP_NUM_THREADS,
+    """A standby's process env: what a fresh rank's process has, of what torch
+    reads at import, when its `run` imports torch (the forwarded TORCH* and
+    OMP_* variables over Ray's OMP_NUM_THREADS,
     `ray._private.utils.set_omp_num_threads_if_unset`: the floor of the
     actor's CPUs, at least 1). Pure."""
     env = {OMP: str(max(math.floor(cpus_per_rank), 1))}
-    env.update(forwarded)
+    env.update({k: v for k, v in forwarded.items() if k.startswith(IMPORT_ENV_PREFIXES)})
     return env
