@@ -258,14 +258,17 @@ def referenced_files(meta: dcp_metadata.Metadata) -> set[str]:
 # -- bytes entries ----------------------------------------------------------------------
 
 
-def load_bytes(stream: typing.BinaryIO, *, key: str, map_location: str | None = None) -> object:
-    """One bytes entry as weights-only data; UnsafeCheckpointError naming `key` else.
-    (`map_location` None: tensors in it go where they were saved, as in DCP.)"""
+def load_bytes(
+    stream: typing.IO[bytes], *, key: str, map_location: str | None = None, kind: str = "bytes"
+) -> object:
+    """One `kind` ("bytes" or "tensor") entry as weights-only data;
+    UnsafeCheckpointError naming `key` else. (`map_location` None: tensors in
+    it go where they were saved, as in DCP.)"""
     try:
         return torch.load(stream, map_location=map_location, weights_only=True)
     except Exception as exc:  # weights_only refuses with UnpicklingError; garbage varies
         raise UnsafeCheckpointError(
-            f"bytes entry {key!r} is not weights-only data: {_weights_only_reason(exc)}"
+            f"{kind} entry {key!r} is not weights-only data: {_weights_only_reason(exc)}"
         ) from None
 
 
@@ -358,12 +361,7 @@ class Reader(filesystem.FileSystemReader):
             planner_.load_bytes(req, io.BytesIO(entry.read(-1)))
             return
         fqn = req.storage_index.fqn
-        try:
-            loaded = torch.load(entry, map_location="cpu", weights_only=True)
-        except Exception as exc:  # as for bytes entries: name the key, not torch's advice
-            raise UnsafeCheckpointError(
-                f"tensor entry {fqn!r} is not weights-only data: {_weights_only_reason(exc)}"
-            ) from None
+        loaded = load_bytes(entry, key=fqn, map_location="cpu", kind="tensor")
         if not isinstance(loaded, torch.Tensor):
             raise UnsafeCheckpointError(f"tensor entry {fqn!r} holds a {type(loaded).__name__}")
         tensor = narrow_tensor_by_index(loaded, req.storage_offsets, req.lengths)
