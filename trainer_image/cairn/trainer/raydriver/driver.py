@@ -304,23 +304,17 @@ class Driver:
         resources of its own, that process env: `standby`)."""
         # Actor handles: Ray's stubs do not type the methods' `.remote`.
         actor_cls: typing.Any = ray.remote(rank.RankActor)
-        where = PlacementGroupSchedulingStrategy(
-            placement_group=self._pg, placement_group_bundle_index=r
-        )
+        options: dict[str, typing.Any] = {
+            "num_cpus": self.cfg.cpus_per_rank,
+            "num_gpus": self.cfg.gpus_per_rank,
+            "max_restarts": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self._pg, placement_group_bundle_index=r
+            ),
+        }
         if env is not None:
-            return actor_cls.options(
-                num_cpus=0,
-                num_gpus=0,
-                max_restarts=0,
-                scheduling_strategy=where,
-                runtime_env={"env_vars": env},
-            ).remote(rank=r, group=generation)
-        return actor_cls.options(
-            num_cpus=self.cfg.cpus_per_rank,
-            num_gpus=self.cfg.gpus_per_rank,
-            max_restarts=0,
-            scheduling_strategy=where,
-        ).remote(rank=r, group=generation)
+            options.update(num_cpus=0, num_gpus=0, runtime_env={"env_vars": env})
+        return actor_cls.options(**options).remote(rank=r, group=generation)
 
     def _start_standbys(self, group: Group) -> None:
         """The next group's actors, warming while this one trains (`standby.wanted`)."""
@@ -363,11 +357,11 @@ class Driver:
 
     def _take_standbys(self, generation: int) -> list[typing.Any]:
         """The standbys when they are this generation's; [] otherwise (dropped)."""
+        if self._standby_generation != generation:
+            self._drop_standbys()
+            return []
         actors, self._standbys = self._standbys, []
         self._standby_warming = []
-        if actors and self._standby_generation != generation:
-            self._kill_actors(actors)
-            return []
         return actors
 
     def _drop_standbys(self) -> None:
