@@ -9,9 +9,17 @@ Then, in rounds, the same step is restored by `CheckpointManager.restore`
 trainer's load path) from each tier:
 
 - own memory:  a copy of the step folder in /dev/shm;
-- peer memory: `peer.fetch` from a `peer.ReplicaServer` in another process
-               over TCP loopback into /dev/shm (the replica pushed once
-               before the rounds), then the restore from there;
+- peer memory: the product's restore from a peer's replica, held by a
+               `peer.ReplicaServer` in another process (the replica pushed
+               once before the rounds), over TCP loopback: the manifest
+               and `.metadata` fetched into /dev/shm (`peer.fetch` of
+               `memrestore.HEAD_FILES`, checked against the manifest),
+               `.metadata` vetted, then `load.load` reading the data files
+               from the peer's connection straight into the parameters
+               (`cairn.checkpoint.peerread`); memrestore's and restore's
+               steps for one rank without the store exchanges (world size
+               1 has no peer, so the bench calls them itself; the manifest
+               is unsigned here, so not authenticated);
 - local volume: the writer's folder on disk, its pages dropped from the page
                cache first (`posix_fadvise(DONTNEED)`; `fincore` says how
                much stayed cached, recorded);
@@ -20,9 +28,12 @@ trainer's load path) from each tier:
 
 Every tier is restored twice per round, side by side: with the product's
 reader (tensor entries read straight into the parameters,
-`cairn.checkpoint.tensorread`) and with DCP's own read of every entry
-(`torch.load` into a new tensor, then a copy: the bench turns the direct
-read off for that arm, nothing else changes). Every restore starts from
+`cairn.checkpoint.tensorread`, `peerread`) and with DCP's own read of every
+entry (`torch.load` into a new tensor, then a copy: the bench turns the
+direct read off for that arm, nothing else changes). "Transport only" rows
+time moving the bytes into files and checking their CRC32C: the whole
+replica by `peer.fetch` into /dev/shm, the S3 copy by the project's
+download. Every restore starts from
 zeroed parameters and must give back the saved parameters bit for bit.
 Prints seconds and MiB/s per tier and arm (median of the rounds), the ratios
 to S3 in the same arm (goal: peer memory <= 0.2x the S3 time) and each
@@ -54,7 +65,19 @@ import warnings
 import record  # bench/, next to this script
 import torch
 
-from cairn.checkpoint import layout, manager, options, peer, remote, s3transport, state, tensorread
+from cairn.checkpoint import (
+    layout,
+    load,
+    manager,
+    memrestore,
+    options,
+    peer,
+    peerread,
+    remote,
+    s3transport,
+    state,
+    tensorread,
+)
 from cairn.devcluster import cluster as cluster_mod
 
 MIB = 1024 * 1024
@@ -182,7 +205,50 @@ def own_memory(c: Setup) -> dict[str, typing.Any]:
 
 
 def peer_memory(c: Setup) -> dict[str, typing.Any]:
-    """Fetch (the transport, CRC32C checked) + the restore from /dev/shm."""
+    """The restore from the peer (module docstring), and the transport alone:
+    the whole replica fetched into /dev/shm, CRC32C checked."""
+    head = c.shm / "head" / c.step_name
+    c.m.zero()
+    t0 = time.monotonic()
+    got = peer.fetch(
+        c.address,
+        key=c.key,
+        job_uid="bench",
+        source_rank=0,
+        step=1,
+        dest=head,
+        deadline_s=PEER_DEADLINE_S,
+        names=memrestore.HEAD_FILES,
+    )
+    manifest = layout.read_manifest(head)
+    received = {f.path.name: (f.size, f.crc32c) for f in got}
+    heads = [e for e in manifest.files if e.path in memrestore.HEAD_FILES]
+    if memrestore.received_problems(heads, received):
+        raise SystemExit("peer memory: the head files do not match the manifest")
+    meta = load.read_metadata(head, manifest=manifest)
+    streams = peerread.PeerFiles(
+        address=c.address,
+        key=c.key,
+        job_uid="bench",
+        source_rank=0,
+        step=1,
+        entries={e.path: e for e in manifest.files if e.path not in received},
+        deadline_s=PEER_DEADLINE_S,
+    )
+    load.load(
+        head,
+        manifest=manifest,
+        meta=meta,
+        objects=c.m.objects,
+        rank=0,
+        world=1,
+        node_local=False,
+        process_group=None,
+        streams=streams,
+    )
+    seconds = time.monotonic() - t0
+    c.m.check("peer memory")
+    shutil.rmtree(head.parent)
     fetched = c.shm / "fetched"
     t0 = time.monotonic()
     peer.fetch(
@@ -195,7 +261,6 @@ def peer_memory(c: Setup) -> dict[str, typing.Any]:
         deadline_s=PEER_DEADLINE_S,
     )
     fetch_s = time.monotonic() - t0
-    seconds = fetch_s + restore(c.m, directory=fetched, s3=None, tier="peer memory")
     shutil.rmtree(fetched)
     return {"peer_memory": seconds, "peer_transport": fetch_s}
 
@@ -247,12 +312,13 @@ def arm(name: str) -> typing.Iterator[None]:
     if name == "direct":
         yield
         return
-    kept = tensorread.record_offset
+    kept = tensorread.record_offset, peerread.direct_target
     tensorread.record_offset = lambda *args, **kwargs: None
+    peerread.direct_target = lambda *args, **kwargs: False
     try:
         yield
     finally:
-        tensorread.record_offset = kept
+        tensorread.record_offset, peerread.direct_target = kept
 
 
 def arm_key(tier: str, arm_name: str) -> str:

@@ -7,12 +7,15 @@ replica to the other), then two restores (each a new process per rank, as
 after a kill; no step is saved after a restore, so both see step 4):
 
 - a corrupted memory copy: one flipped byte in rank 0's own copy AND in
-  the replica rank 1 holds for it; CRC32C refuses both, the memory copy is
-  never loaded, the volume's copy is (tier `local`), bit-identical;
-- a rank lost its volume and its memory (a replacement pod): rank 1 fetches
-  its replica from rank 0's server (`peer`), while rank 0 loads its own
-  memory copy though its volume holds the step too (`memory`);
-  bit-identical, and the replica becomes rank 1's own memory copy again.
+  the replica rank 1 holds for it; CRC32C refuses both (the own copy before
+  loading, the replica's data file as the load reads it from the peer, which
+  fails the load on both ranks), the memory copy is never trained on, the
+  volume's copy is loaded (tier `local`), bit-identical;
+- a rank lost its volume and its memory (a replacement pod): rank 1 reads
+  its replica from rank 0's server straight into its tensors (`peer`),
+  while rank 0 loads its own memory copy though its volume holds the step
+  too (`memory`); bit-identical; the replica is not kept as rank 1's own
+  copy (its next save keeps one) and the head files fetched are gone.
 
 Saves every step to memory and the volume, S3 every 4th (`upload_interval`,
 spec `checkpoint.upload.intervalSteps`): only steps 4 and 8 are uploaded
@@ -108,6 +111,8 @@ def test_restore_order_memory_then_peer_then_volume(tmp_path: pathlib.Path) -> N
     assert [corrupt.result(r)["tier"] for r in range(2)] == ["local", "local"]
     refused = [e for e in corrupt.result(0)["events"] if e["phase"] == "memory_failed"]
     assert refused and "crc32c" in refused[0]["message"]
+    streamed = [e["message"] for e in refused if "peer replica refused" in e["message"]]
+    assert streamed and "__0_0.distcp from the peer: crc32c" in streamed[0], refused
     fallback = [e for e in corrupt.result(0)["events"] if e["phase"] == "restored"]
     assert fallback and "(local)" in fallback[0]["message"]
     _assert_same_state(saved, corrupt)
@@ -122,7 +127,8 @@ def test_restore_order_memory_then_peer_then_volume(tmp_path: pathlib.Path) -> N
     assert [lost.result(r)["tier"] for r in range(2)] == ["peer", "peer"]  # the job's summary
     assert [lost.result(r)["tiers"] for r in range(2)] == [["memory", "peer"]] * 2
     _assert_same_state(saved, lost)
-    assert memtier.own_steps(mem[1]) == [4]  # the replica became its own memory copy again
+    assert memtier.own_steps(mem[1]) == []  # read into the tensors, not kept in memory
+    assert not any((mem[1] / "restore").iterdir())  # the fetched head files are gone
     assert not layout.step_dir(tmp_path / "pod-1", 4).exists()  # memory is not the volume
 
 

@@ -115,18 +115,24 @@ def test_a_shape_that_does_not_fit_fails_and_leaves_the_target(tmp_path: pathlib
     assert torch.equal(targets["w"], torch.full((8, 4), 7.0))
 
 
+def payload_checkpoint(folder: pathlib.Path, marker: pathlib.Path) -> None:
+    """A one-tensor checkpoint of "w" whose tensor entry is a `__reduce__`
+    payload that would create `marker` if it ever ran."""
+    save(folder, {"w": torch.ones(4, 8)})
+    meta = safedcp.read_metadata(folder)
+    ((index, info),) = meta.storage_data.items()
+    blob = io.BytesIO()
+    torch.save(Payload(marker), blob)
+    (folder / info.relative_path).write_bytes(blob.getvalue())
+    meta.storage_data[index] = dataclasses.replace(info, offset=0, length=len(blob.getvalue()))
+    (folder / ".metadata").write_bytes(pickle.dumps(meta))
+
+
 def test_a_reduce_payload_in_a_tensor_entry_is_refused_and_never_runs(
     tmp_path: pathlib.Path,
 ) -> None:
-    save(tmp_path, {"w": torch.ones(4, 8)})
-    meta = safedcp.read_metadata(tmp_path)
-    ((index, info),) = meta.storage_data.items()
     marker = tmp_path / "ran"
-    blob = io.BytesIO()
-    torch.save(Payload(marker), blob)
-    (tmp_path / info.relative_path).write_bytes(blob.getvalue())
-    meta.storage_data[index] = dataclasses.replace(info, offset=0, length=len(blob.getvalue()))
-    (tmp_path / ".metadata").write_bytes(pickle.dumps(meta))
+    payload_checkpoint(tmp_path, marker)
     targets = {"w": torch.zeros(4, 8)}
     with pytest.raises(safedcp.UnsafeCheckpointError, match=r"'w' is not weights-only.*posix"):
         safe_load(tmp_path, targets)

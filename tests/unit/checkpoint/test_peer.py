@@ -3,6 +3,9 @@
 Covers:
 - push then fetch: bytes identical (a multi-chunk file, an empty one,
   `.metadata`), stored under `root/peer/rank-<r>/step-<N>/`;
+- a fetch of named files gets only those, in the order asked; a name the
+  replica lacks and a name asked twice are refused; `open_file` hands over
+  one file's bytes on the connection with the record's size and CRC32C;
 - a client without the key, and a server without the key, are refused
   before any data moves (nothing stored, nothing written to `dest`);
 - a client of another job is refused by a server bound to a job, and a
@@ -85,6 +88,34 @@ def test_push_then_fetch_round_trip(server: peer.ReplicaServer, tmp_path: pathli
     for path in files:
         assert (tmp_path / "dest" / path.name).read_bytes() == path.read_bytes()
     assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == sorted(sizes)
+
+
+def test_fetch_of_named_files_and_open_file(
+    server: peer.ReplicaServer, tmp_path: pathlib.Path
+) -> None:
+    sizes = {"__0_0.distcp": peerwire.CHUNK + 5, ".metadata": 77, "manifest.json": 9}
+    files = _files(tmp_path / "src", sizes)
+    _push(server, files, step=2)
+    got = _fetch(server, tmp_path / "dest", step=2, names=["manifest.json", ".metadata"])
+    assert [f.path.name for f in got] == ["manifest.json", ".metadata"]
+    assert sorted(p.name for p in (tmp_path / "dest").iterdir()) == [".metadata", "manifest.json"]
+    with pytest.raises(peer.PeerUnavailable, match="has no 'absent'"):
+        _fetch(server, tmp_path / "dest2", step=2, names=[".metadata", "absent"])
+    with pytest.raises(peer.PeerUnavailable, match="requested names repeat"):
+        _fetch(server, tmp_path / "dest3", step=2, names=[".metadata", ".metadata"])
+    with peer.open_file(
+        server.address,
+        key=KEY,
+        job_uid=JOB,
+        source_rank=0,
+        step=2,
+        name="__0_0.distcp",
+        deadline_s=30,
+    ) as incoming:
+        assert (incoming.size, incoming.crc32c) == layout.file_crc32c(files[0])
+        buf = bytearray(incoming.size)
+        incoming.chan.recv_into(memoryview(buf))
+    assert bytes(buf) == files[0].read_bytes()
 
 
 def test_client_without_the_key_is_refused(

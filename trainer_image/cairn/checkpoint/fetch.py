@@ -41,6 +41,7 @@ from cairn.checkpoint import (
     load,
     memtier,
     options,
+    peerread,
     remote,
     s3transport,
     state,
@@ -117,6 +118,9 @@ class Fetched:
     """Files this rank fetched from S3 (the rest of the folder came from its volume)."""
     tiers: tuple[str, ...] = ()
     """A memory copy: where each rank's share came from (memory or peer), by rank."""
+    streamed: peerread.PeerFiles | None = None
+    """A memory copy from the peer: this rank's data files, which the load reads
+    from the peer's replica (`folder` holds only `.metadata` and the manifest)."""
 
 
 def s3(ctx: Context) -> tuple[S3Client, options.S3Options]:

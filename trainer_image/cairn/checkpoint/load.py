@@ -34,7 +34,7 @@ from torch.distributed.checkpoint._nested_dict import FLATTEN_MAPPING, flatten_s
 from torch.distributed.tensor import DTensor
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, safedcp, state
+from cairn.checkpoint import errors, peerread, safedcp, state
 
 log = logging.getLogger(__name__)
 
@@ -161,10 +161,12 @@ def load(
     world: int,
     node_local: bool,
     process_group: dist.ProcessGroup | None,
+    streams: peerread.PeerFiles | None = None,
 ) -> Loaded:
     """DCP-load a verified and vetted Cairn step into objects (collective over
     the group). `meta`: its `.metadata` as `cairn.checkpoint.vet` read it (not
-    read again: what was vetted is what is loaded)."""
+    read again: what was vetted is what is loaded). `streams`: this rank's
+    data files, read from its peer's replica (`cairn.checkpoint.peerread`)."""
     tmpl = template(
         objects,
         rank=rank,
@@ -179,6 +181,7 @@ def load(
         meta=meta,
         allowed=manifest_files(manifest),
         process_group=process_group,
+        streams=streams,
     )
     dicts = _with_replicated(tmpl, part, rank=rank, group=process_group) if split else part
     for name, obj in objects.items():

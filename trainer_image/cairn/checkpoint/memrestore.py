@@ -6,15 +6,19 @@
                          newest step every rank can get from one of the two
                          (`memory_step`, pure)
     fetch                every rank, for that copy: its own memory first,
-                         else its replica from its successor's server
-                         (`peer.fetch`, which checks each file's CRC32C
-                         against the replica record); then every byte is
-                         checked against the step's manifest (sizes, CRC32C;
-                         the manifest must authenticate as the job's own; a
-                         fetched replica by the CRC32C counted as its bytes
-                         arrived, not read again), so a corrupt memory copy
-                         is never loaded: the next source, or the next copy
-                         (the volume, S3), is used
+                         every byte checked against the step's manifest
+                         (sizes, CRC32C; the manifest must authenticate as
+                         the job's own), so a corrupt own copy is never
+                         loaded; else its replica on its successor's server:
+                         the manifest and `.metadata` fetched (`peer.fetch`,
+                         checked the same way, by the CRC32C counted as they
+                         arrived) and the data files left on the peer
+                         (`Fetched.streamed`): the load reads them from the
+                         peer's connection straight into the tensors,
+                         checking each file's CRC32C as it arrives
+                         (`cairn.checkpoint.peerread`); a file that fails
+                         fails the load on every rank and restore moves to
+                         the next copy (the volume, S3)
     agree on the manifest  all ranks must hold the same commit of the step
                          (one exchange of its attempt and time), and learn
                          which tier each rank used (`Fetched.tiers`)
@@ -22,8 +26,10 @@
 A memory copy is a same-world copy: each rank's folder holds its own files
 and `.metadata`, and is loaded as a node-local folder (`load`). A memory
 copy that fails is reported `incomplete` (kept, never quarantined: the
-volume and S3 copies of the step are separate). A replica fetched from the
-peer becomes this rank's own copy again (renamed into `own/`).
+volume and S3 copies of the step are separate). A replica read from the
+peer is not kept as this rank's own copy (its bytes went into the tensors,
+not into memory files): the rank's next save keeps one, and until then the
+peer still holds the replica.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import shutil
 import typing
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, layout, memtier, peer
+from cairn.checkpoint import errors, layout, load, memtier, peer, peerread
 from cairn.checkpoint import fetch as fetch_mod
 from cairn.checkpoint import verdict as verdict_mod
 
@@ -45,6 +51,9 @@ log = logging.getLogger(__name__)
 RESTORE_DIR = "restore"
 _REPLICA_DIR = re.compile(r"step-(\d{1,18})")
 PEER_FETCH_DEADLINE_SECONDS = 120.0
+"""Bound on each connection to the peer: the head files, and each data file's read."""
+HEAD_FILES = (load.METADATA, manifest_mod.MANIFEST_NAME)
+"""What is fetched from the peer's replica into memory: the rest is read by the load."""
 Tier = typing.Literal["memory", "peer", "local", "s3"]
 
 
@@ -110,8 +119,9 @@ def fetch(ctx: fetch_mod.Context, copy: verdict_mod.Copy) -> fetch_mod.Fetched:
     except Exception as exc:  # never skip the exchange below: the other ranks wait on it
         found, reasons = None, [f"{type(exc).__name__}: {exc}"]
     mine: dict[str, typing.Any] = {"tier": None, "commit": None}
+    streamed = None
     if found is not None:
-        folder, manifest, tier = found
+        folder, manifest, tier, streamed = found
         mine = {"tier": tier, "commit": [manifest.attempt, manifest.created_at]}
     key = f"{ctx.namespace}/memory-{copy.step}"
     ctx.coordinator.publish(key, mine)
@@ -127,6 +137,7 @@ def fetch(ctx: fetch_mod.Context, copy: verdict_mod.Copy) -> fetch_mod.Fetched:
         folder=folder,
         manifest=manifest,
         tiers=tiers,
+        streamed=streamed,
     )
 
 
@@ -134,10 +145,12 @@ def _report(ctx: fetch_mod.Context, detail: str) -> verdict_mod.Report:
     return verdict_mod.Report(status="incomplete", detail=detail[:2000], rank=ctx.rank)
 
 
-def _find(
-    ctx: fetch_mod.Context, step: int
-) -> tuple[tuple[pathlib.Path, manifest_mod.Manifest, Tier] | None, list[str]]:
-    """(folder, manifest, tier) of the first source that verifies, and why the others did not."""
+_Found = tuple[pathlib.Path, manifest_mod.Manifest, Tier, peerread.PeerFiles | None]
+
+
+def _find(ctx: fetch_mod.Context, step: int) -> tuple[_Found | None, list[str]]:
+    """(folder, manifest, tier, data files to read from the peer) of the first
+    source that verifies, and why the others did not."""
     tier = ctx.memory
     reasons: list[str] = []
     if tier is None:
@@ -145,22 +158,39 @@ def _find(
     own = memtier.own_folder(tier.memdir, step)
     if own.is_dir():
         try:
-            return (own, _verified(ctx, own, step), "memory"), reasons
+            return (own, _verified(ctx, own, step), "memory", None), reasons
         except _UnusableError as exc:
             reasons.append(f"own memory: {exc}")
             log.warning("memory copy of step %d refused, trying the peer: %s", step, exc)
             ctx.emit("memory_failed", step, f"own memory copy refused: {exc}")
     else:
         reasons.append("own memory: absent")
-    folder = tier.memdir / RESTORE_DIR / manifest_mod.step_dir_name(step)
+    folder = restore_folder(tier, step)
     try:
-        received = _from_peer(ctx, tier, step, dest=folder)
+        address, received = _from_peer(ctx, tier, step, dest=folder)
         manifest = _verified(ctx, folder, step, received=received)
     except _UnusableError as exc:
         shutil.rmtree(folder, ignore_errors=True)  # our own download: memory is scarce
         reasons.append(f"peer: {exc}")
         return None, reasons
-    return (_promote(tier, folder, manifest), manifest, "peer"), reasons
+    assert tier.key is not None and tier.job_uid is not None  # `_from_peer` checked
+    streamed = peerread.PeerFiles(
+        address=address,
+        key=tier.key,
+        job_uid=tier.job_uid,
+        source_rank=ctx.rank,
+        step=step,
+        entries={
+            e.path: e for e in memtier.share_entries(manifest, ctx.rank) if e.path not in received
+        },
+        deadline_s=min(PEER_FETCH_DEADLINE_SECONDS, ctx.timeout),
+    )
+    return (folder, manifest, "peer", streamed), reasons
+
+
+def restore_folder(tier: memtier.MemoryTier, step: int) -> pathlib.Path:
+    """Where a peer restore keeps the head files it fetched (removed after the load)."""
+    return tier.memdir / RESTORE_DIR / manifest_mod.step_dir_name(step)
 
 
 class _UnusableError(Exception):
@@ -175,9 +205,10 @@ def _verified(
     received: typing.Mapping[str, tuple[int, str]] | None = None,
 ) -> manifest_mod.Manifest:
     """The folder's manifest, when it is the job's own step and every file of
-    this rank's share matches it (sizes, CRC32C). `received`: a replica just
-    fetched, name -> (size, CRC32C) counted as its bytes arrived, compared
-    with the manifest instead of reading the files a second time."""
+    this rank's share matches it (sizes, CRC32C). `received`: the head files
+    of a replica just fetched, name -> (size, CRC32C) counted as their bytes
+    arrived, compared with the manifest instead of reading the files a second
+    time (the share's data files are checked as the load reads them)."""
     try:
         manifest = layout.read_manifest(folder)
     except errors.CheckpointError as exc:
@@ -195,7 +226,10 @@ def _verified(
     if received is None:
         problems = layout.verify_files(folder, entries)
     else:
-        problems = received_problems(entries, received)
+        head = [e for e in entries if e.path in HEAD_FILES]
+        if not any(e.path == load.METADATA for e in head):
+            raise _UnusableError(f"the manifest lists no {load.METADATA}")
+        problems = received_problems(head, received)
     if problems:
         raise _UnusableError(verdict_mod.describe(problems))
     return manifest
@@ -227,9 +261,10 @@ def received_problems(
 
 def _from_peer(
     ctx: fetch_mod.Context, tier: memtier.MemoryTier, step: int, *, dest: pathlib.Path
-) -> dict[str, tuple[int, str]]:
-    """This rank's replica of `step`, fetched from its successor into `dest` (in
-    memory): name -> (size, CRC32C) as counted on arrival."""
+) -> tuple[tuple[str, int], dict[str, tuple[int, str]]]:
+    """The head files of this rank's replica of `step`, fetched from its
+    successor into `dest` (in memory): the successor's address, and name ->
+    (size, CRC32C) as counted on arrival."""
     address = tier.peer_of(ctx.rank)
     if address is None or tier.key is None or tier.job_uid is None:
         raise _UnusableError("no peer replica (replicas off, no key, or one rank)")
@@ -243,24 +278,8 @@ def _from_peer(
             step=step,
             dest=dest,
             deadline_s=min(PEER_FETCH_DEADLINE_SECONDS, ctx.timeout),
+            names=HEAD_FILES,
         )
     except (peer.PeerUnavailable, OSError) as exc:
         raise _UnusableError(str(exc)) from exc
-    return {f.path.name: (f.size, f.crc32c) for f in fetched}
-
-
-def _promote(
-    tier: memtier.MemoryTier, folder: pathlib.Path, manifest: manifest_mod.Manifest
-) -> pathlib.Path:
-    """A verified replica becomes this rank's own memory copy again."""
-    final = memtier.own_folder(tier.memdir, manifest.step)
-    try:
-        memtier.write_index(folder, manifest=manifest, rank=tier.rank)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        if final.exists():
-            shutil.rmtree(final)  # the refused own copy
-        folder.rename(final)
-    except OSError as exc:
-        log.warning("replica of step %d not kept as own copy: %r", manifest.step, exc)
-        return folder
-    return final
+    return address, {f.path.name: (f.size, f.crc32c) for f in fetched}

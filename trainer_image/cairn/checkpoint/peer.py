@@ -13,10 +13,14 @@ the key is refused before any data moves. Then one request per connection:
            C: {"op": "done", "crc32c": [8 hex digits per file]}
            S: checks every CRC32C it counted, renames the replica into place
               (newest step per source rank wins), {"ok": true}
-    fetch  C: {"op": "fetch", "source_rank": r, "step": N}
+    fetch  C: {"op": "fetch", "source_rank": r, "step": N[, "names": [...]]}
            S: {"ok": true, "files": [{"name", "size", "crc32c"}, ...]}, the
-              bytes; C checks each file's size and CRC32C as it arrives and
-              renames the files into `dest` only when all of them match.
+              bytes (only the named files, in that order, when `names` is
+              given; a name the replica lacks is refused); C checks each
+              file's size and CRC32C as it arrives and renames the files
+              into `dest` only when all of them match. `open_file` is the
+              same request for one file whose bytes the caller reads itself
+              (`cairn.checkpoint.peerread`: straight into the tensors).
 
 The server stores `root/peer/rank-<r>/step-<N>/` (the files and
 `.cairn-replica.json`: job UID, step, each file's size and CRC32C), writes
@@ -49,7 +53,16 @@ from awscrt import checksums
 from cairn.checkpoint import peerwire
 from cairn.checkpoint.peerwire import PeerUnavailable
 
-__all__ = ["FetchedFile", "PeerUnavailable", "ReplicaServer", "derive_key", "fetch", "push"]
+__all__ = [
+    "FetchedFile",
+    "Incoming",
+    "PeerUnavailable",
+    "ReplicaServer",
+    "derive_key",
+    "fetch",
+    "open_file",
+    "push",
+]
 
 MAX_FILE_BYTES = 256 * 1024**3
 MAX_FILES = 4096
@@ -170,20 +183,22 @@ def fetch(
     deadline_s: float,
     io_timeout_s: float = 10.0,
     max_file_bytes: int = MAX_FILE_BYTES,
+    names: typing.Sequence[str] | None = None,
 ) -> list[FetchedFile]:
     """`source_rank`'s replica of `step` from the peer, into `dest` (created);
     every file's size and CRC32C checked before any is renamed into place.
-    Returns the files in the server's order, each with the CRC32C counted
-    on arrival (a caller can compare it with a manifest instead of reading
-    the files again)."""
+    `names`: only these files (else all). Returns the files in the server's
+    order, each with the CRC32C counted on arrival (a caller can compare it
+    with a manifest instead of reading the files again)."""
     chan = _connect(
         address, key=key, job_uid=job_uid, deadline_s=deadline_s, io_timeout_s=io_timeout_s
     )
     parts: list[tuple[pathlib.Path, pathlib.Path]] = []
     counted: list[tuple[int, str]] = []
     with chan.sock:
-        chan.send_msg({"op": "fetch", "source_rank": source_rank, "step": step})
-        listed = _file_list(chan.expect_ok("fetch").get("files"), max_file_bytes=max_file_bytes)
+        listed = _request(
+            chan, source_rank=source_rank, step=step, names=names, max_file_bytes=max_file_bytes
+        )
         try:
             dest.mkdir(parents=True, exist_ok=True)
             for name, size, crc in listed:
@@ -206,6 +221,63 @@ def fetch(
         FetchedFile(path=final, size=size, crc32c=crc)
         for (_, final), (size, crc) in zip(parts, counted, strict=True)
     ]
+
+
+def _request(
+    chan: peerwire.Channel,
+    *,
+    source_rank: int,
+    step: int,
+    names: typing.Sequence[str] | None,
+    max_file_bytes: int,
+) -> list[tuple[str, int, str]]:
+    """Send a fetch request; the server's (name, size, crc32c) list, checked
+    to be exactly `names` in order when given."""
+    request: dict[str, typing.Any] = {"op": "fetch", "source_rank": source_rank, "step": step}
+    if names is not None:
+        request["names"] = [peerwire.check_name(n) for n in names]
+    chan.send_msg(request)
+    listed = _file_list(chan.expect_ok("fetch").get("files"), max_file_bytes=max_file_bytes)
+    if names is not None and [name for name, _, _ in listed] != list(names):
+        raise PeerUnavailable(f"{chan.peer}: sent other files than the {len(names)} asked for")
+    return listed
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Incoming:
+    """One replica file about to arrive: its bytes follow on `chan`
+    (exactly `size` of them; the replica record says `crc32c`)."""
+
+    chan: peerwire.Channel
+    name: str
+    size: int
+    crc32c: str
+
+
+@contextlib.contextmanager
+def open_file(
+    address: tuple[str, int],
+    *,
+    key: bytes,
+    job_uid: str,
+    source_rank: int,
+    step: int,
+    name: str,
+    deadline_s: float,
+    io_timeout_s: float = 10.0,
+    max_file_bytes: int = MAX_FILE_BYTES,
+) -> typing.Iterator[Incoming]:
+    """One file of `source_rank`'s replica of `step`, for the caller to read
+    from the connection (`Incoming.chan.recv_into`, bounded like every
+    operation here) and check itself: nothing is written anywhere."""
+    chan = _connect(
+        address, key=key, job_uid=job_uid, deadline_s=deadline_s, io_timeout_s=io_timeout_s
+    )
+    with chan.sock:
+        ((_, size, crc),) = _request(
+            chan, source_rank=source_rank, step=step, names=[name], max_file_bytes=max_file_bytes
+        )
+        yield Incoming(chan=chan, name=name, size=size, crc32c=crc)
 
 
 def _file_list(value: object, *, max_file_bytes: int) -> list[tuple[str, int, str]]:
@@ -351,7 +423,11 @@ class ReplicaServer:
             if request.get("op") == "push":
                 self._receive_push(chan, request, uid=uid, source=source, step=step)
             elif request.get("op") == "fetch":
-                self._send_replica(chan, uid=uid, source=source, step=step)
+                try:
+                    names = _names(request.get("names"))
+                except PeerUnavailable as exc:
+                    peerwire.refuse(chan, str(exc))
+                self._send_replica(chan, uid=uid, source=source, step=step, names=names)
             else:
                 peerwire.refuse(chan, "unknown op")
         except PeerUnavailable:
@@ -453,13 +529,27 @@ class ReplicaServer:
                     shutil.rmtree(other, ignore_errors=True)
             return True
 
-    def _send_replica(self, chan: peerwire.Channel, *, uid: str, source: int, step: int) -> None:
+    def _send_replica(
+        self,
+        chan: peerwire.Channel,
+        *,
+        uid: str,
+        source: int,
+        step: int,
+        names: list[str] | None,
+    ) -> None:
         folder = self._rank_dir(source) / f"step-{step}"
         try:
             record = json.loads((folder / peerwire.REPLICA_META).read_text())
             listed = _file_list(record.get("files"), max_file_bytes=self.max_file_bytes)
             if record.get("job_uid") != uid or record.get("step") != step:
                 raise PeerUnavailable("the replica is another job's or another step's")
+            if names is not None:
+                by_name = {entry[0]: entry for entry in listed}
+                missing = [n for n in names if n not in by_name]
+                if missing:
+                    raise PeerUnavailable(f"the replica has no {missing[0]!r}")
+                listed = [by_name[n] for n in names]
             for name, size, _ in listed:
                 if (folder / name).stat().st_size != size:
                     raise PeerUnavailable(f"{name} changed size in storage")
@@ -474,6 +564,18 @@ class ReplicaServer:
                     chan.sendfile(stream, size)  # the client checks every CRC32C
             except OSError as exc:
                 raise PeerUnavailable(f"cannot read the replica's {name}: {exc!r}") from exc
+
+
+def _names(value: object) -> list[str] | None:
+    """The file names a fetch asks for (None: all), checked. Pure."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_FILES:
+        raise PeerUnavailable("the requested names are malformed or too many")
+    names = [peerwire.check_name(n) for n in value]
+    if len(set(names)) != len(names):
+        raise PeerUnavailable("requested names repeat")
+    return names
 
 
 def _push_list(value: object, *, max_file_bytes: int) -> list[tuple[str, int]]:

@@ -19,7 +19,13 @@
                        action (`verdict.judge`, `verdict.action`: pure)
       _use / _reject   act: load the first verified copy with DCP (which
                        reshards; `cairn.checkpoint.load`), or quarantine a
-                       proven-corrupt copy of this job and try the next
+                       proven-corrupt copy of this job and try the next; a
+                       memory copy whose data files a rank reads from its
+                       peer while loading (`cairn.checkpoint.peerread`)
+                       fails the load on every rank when one of them does
+                       not match its manifest: that copy is skipped like
+                       one that failed its fetch, and the next copy is
+                       loaded (every tensor written again)
       _give_up         decide once every copy failed (`verdict.give_up`:
                        pure): a ConfigurationError for an explicit target,
                        a CheckpointError when committed steps all failed,
@@ -63,6 +69,8 @@ from cairn.checkpoint import (
     memrestore,
     memtier,
     options,
+    peerread,
+    safedcp,
     startup,
     state,
 )
@@ -183,7 +191,22 @@ def restore(
             fetched = vet_mod.vet(ctx, copy, fetched)
             found = _agree(ctx, f"{key}/vetted", fetched.report)
         if verdict_mod.action(found.status, ours=_ours(ctx, copy, fetched)) == "load":
-            result = _use(ctx, copy, fetched, key=key, objects=objects, uri=uri)
+            try:
+                result = _use(ctx, copy, fetched, key=key, objects=objects, uri=uri)
+            except (peerread.PeerReplicaError, safedcp.UnsafeCheckpointError) as exc:
+                if copy.source != "memory":
+                    raise
+                # Raised on every rank alike (DCP gathers the failures). The
+                # tensors hold some of its bytes now; the step stays in
+                # `tried.failed`, so the next copy loads or restore raises:
+                # never a fresh start on them.
+                found = verdict_mod.Verdict(status="incomplete", reason=f"loading: {exc}")
+                if fetched.streamed is not None:
+                    ctx.emit("memory_failed", copy.step, f"peer replica refused: {exc}")
+                log.warning("checkpoint %s failed while loading: %s", copy.label, exc)
+                _drop_streamed_head(ctx, fetched)
+                tried.skip(copy, found, _reject(ctx, copy, fetched, found, key=key))
+                continue
             return dataclasses.replace(
                 result,
                 skipped=_report_skipped(ctx, tried.failed, loaded=copy.step),
@@ -201,6 +224,12 @@ def _fetch(ctx: fetch_mod.Context, copy: verdict_mod.Copy) -> fetch_mod.Fetched:
     if copy.source == "memory":
         return memrestore.fetch(ctx, copy)
     return fetch_mod.fetch(ctx, copy)
+
+
+def _drop_streamed_head(ctx: fetch_mod.Context, fetched: fetch_mod.Fetched) -> None:
+    """The head files a peer restore fetched into memory: not a copy of anything."""
+    if fetched.streamed is not None and fetched.folder is not None:
+        shutil.rmtree(fetched.folder, ignore_errors=True)
 
 
 def _tier(copy: verdict_mod.Copy, fetched: fetch_mod.Fetched) -> memrestore.Tier:
@@ -377,7 +406,9 @@ def _use(
             world=ctx.world,
             node_local=not ctx.shared,
             process_group=ctx.process_group,
+            streams=fetched.streamed,
         )
+        _drop_streamed_head(ctx, fetched)
         result = RestoreResult(
             step=loaded.step,
             source=copy.source,

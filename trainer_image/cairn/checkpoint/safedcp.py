@@ -22,7 +22,9 @@ job's volume, S3 prefix or import source could run code in its ranks. Here:
     load            DCP load with `Reader` (serves the already-checked
                     metadata; never re-reads it; tensor entries whose saved
                     layout is the target's are read straight into it,
-                    `cairn.checkpoint.tensorread`) and `Planner` (bytes
+                    `cairn.checkpoint.tensorread`; data files of a peer's
+                    replica are read from its connection,
+                    `cairn.checkpoint.peerread`) and `Planner` (bytes
                     entries with weights_only=True)
 
 Anything refused raises `UnsafeCheckpointError` naming the refused class,
@@ -50,7 +52,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.futures import Future
 
 from cairn.api import manifest as manifest_mod
-from cairn.checkpoint import errors, layout, tensorread
+from cairn.checkpoint import errors, layout, peerread, tensorread
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 1 << 30
@@ -321,10 +323,12 @@ class Reader(filesystem.FileSystemReader):
         *,
         meta: dcp_metadata.Metadata,
         allowed: typing.Collection[str] | None,
+        streams: peerread.PeerFiles | None = None,
     ) -> None:
         super().__init__(folder)
         self.counts = tensorread.Counts()
         self._checked = check_metadata(meta, allowed=allowed)
+        self._streams = streams
         for path in referenced_files(self._checked):
             try:
                 layout.safe_target(folder, path)
@@ -334,11 +338,24 @@ class Reader(filesystem.FileSystemReader):
     def read_data(self, plan: planner.LoadPlan, planner_: planner.LoadPlanner) -> Future[None]:
         """DCP's `read_data`, except that tensor entries whose saved layout is
         the target's are read straight into it (`cairn.checkpoint.tensorread`:
-        one copy instead of two); every other entry is read as DCP does."""
+        one copy instead of two); every other entry is read as DCP does.
+        A file `streams` names is read from the peer's replica instead
+        (`cairn.checkpoint.peerread`), with the same split."""
         per_file: dict[str, list[planner.ReadItem]] = collections.defaultdict(list)
         for req in plan.items:
             per_file[self.storage_data[req.storage_index].relative_path].append(req)
         for relative_path, reqs in per_file.items():
+            if self._streams is not None and relative_path in self._streams.entries:
+                peerread.read_file(
+                    self._streams,
+                    relative_path,
+                    reqs,
+                    meta=self._checked,
+                    load_planner=planner_,
+                    fallback=lambda stream, req: self._read_entry(stream, req, planner_),
+                    counts=self.counts,
+                )
+                continue
             tensorread.read_file(
                 self.fs.concat_path(self.path, relative_path),
                 reqs,
@@ -403,14 +420,17 @@ def load(
     meta: dcp_metadata.Metadata,
     allowed: typing.Collection[str] | None,
     process_group: dist.ProcessGroup | None,
+    streams: peerread.PeerFiles | None = None,
 ) -> tensorread.Counts:
     """DCP-load `state_dict` in place from `folder` with checked `meta` (collective);
-    how many tensor entries were read straight into their targets.
+    how many tensor entries were read straight into their targets. `streams`:
+    data files this rank reads from its peer's replica, not from `folder`.
 
     Raises UnsafeCheckpointError when any rank met a bytes entry that is not
-    weights-only data (DCP gathers every rank's failure).
+    weights-only data, PeerReplicaError when any rank's file from its peer
+    failed (DCP gathers every rank's failure, so every rank raises the same).
     """
-    reader = Reader(folder, meta=meta, allowed=allowed)
+    reader = Reader(folder, meta=meta, allowed=allowed, streams=streams)
     try:
         state_dict_loader.load(
             state_dict,
@@ -423,5 +443,7 @@ def load(
         for failure, _ in exc.failures.values():
             if isinstance(failure, UnsafeCheckpointError):
                 raise UnsafeCheckpointError(str(failure)) from None
+            if isinstance(failure, peerread.PeerReplicaError):
+                raise peerread.PeerReplicaError(str(failure)) from None
         raise
     return reader.counts

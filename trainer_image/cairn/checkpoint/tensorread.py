@@ -60,7 +60,7 @@ def target_bytes(target: torch.Tensor) -> memoryview:
     return memoryview(typing.cast(typing.Any, flat.numpy())).cast("B")
 
 
-def _plain_cpu(target: torch.Tensor) -> bool:
+def plain_cpu(target: torch.Tensor) -> bool:
     """A plain dense CPU tensor whose bytes are its values (no subclass, no
     quantized or sparse layout, no lazy conjugate/negative view)."""
     return (
@@ -82,7 +82,7 @@ def record_offset(
     """The file offset of the entry's tensor bytes when they can be read
     straight into `target` (module docstring), else None. Reads the entry's
     zip directory and its pickle only."""
-    if not _plain_cpu(target) or not target.is_contiguous() or target.numel() == 0:
+    if not plain_cpu(target) or not target.is_contiguous() or target.numel() == 0:
         return None
     if sys.byteorder != "little":
         return None
