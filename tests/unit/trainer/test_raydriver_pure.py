@@ -366,11 +366,21 @@ _READY: dict[str, typing.Any] = {
     "budget": 3,
     "running_seconds": standby.STANDBY_AFTER_SECONDS,
     "have": False,
+    "new_node": False,
 }
 
 
 def test_standbys_start_once_a_cpu_group_has_run_a_while_with_restarts_left() -> None:
     assert standby.wanted(**_READY)
+
+
+def test_the_first_group_on_a_replacement_node_gets_longer_before_standbys() -> None:
+    replaced = {**_READY, "new_node": True}
+    assert standby.STANDBY_AFTER_NEW_NODE_SECONDS > standby.STANDBY_AFTER_SECONDS
+    assert not standby.wanted(
+        **{**replaced, "running_seconds": standby.STANDBY_AFTER_NEW_NODE_SECONDS - 0.1}
+    )
+    assert standby.wanted(**{**replaced, "running_seconds": standby.STANDBY_AFTER_NEW_NODE_SECONDS})
 
 
 @pytest.mark.parametrize(

@@ -94,6 +94,8 @@ class Group:
     pids: list[int]
     node_ids: list[str]
     started: float
+    new_node: bool = False
+    """The first group after a lost node was replaced (`_replace_lost_nodes`)."""
 
 
 class Driver:
@@ -124,6 +126,8 @@ class Driver:
         self._standby_generation: int | None = None
         self._standby_warming: list[typing.Any] = []
         """Their `prepare` results not yet seen (logged once all are in)."""
+        self._placed_again = False
+        """A lost node was replaced since the last group started."""
 
     # -- entry ------------------------------------------------------------------------
 
@@ -263,6 +267,7 @@ class Driver:
             self._place(order)
         except (ValueError, RuntimeError) as exc:
             return f"could not place the group on the new nodes: {exc}"
+        self._placed_again = True
         log.warning(
             "placed the group again after %.1fs: nodes %s (were %s)",
             time.monotonic() - started,
@@ -325,6 +330,7 @@ class Driver:
             budget=self.cfg.max_inplace_restarts,
             running_seconds=time.monotonic() - group.started,
             have=bool(self._standbys),
+            new_node=group.new_node,
         ):
             return
         env = standby.process_env(self._forwarded_env(), cpus_per_rank=self.cfg.cpus_per_rank)
@@ -421,7 +427,9 @@ class Driver:
             pids=[w["pid"] for w in wheres],
             node_ids=[layout.selectors[r][placement.NODE_ID_LABEL] for r in range(len(actors))],
             started=time.monotonic(),
+            new_node=self._placed_again,
         )
+        self._placed_again = False
         self.groups.append(group)
         log.info("group %d started: %d ranks, pids %s", generation, len(actors), group.pids)
         return group

@@ -11,8 +11,10 @@ checkpoint library (`PRELOAD`) and then waits; an in-place restart makes
 the standbys the next group's ranks, and starts new standbys later.
 
     when     `STANDBY_AFTER_SECONDS` after a group started (not during its
-             restore, which shares the node's CPUs), only while in-place
-             restarts are left, CPU-only ranks (below)
+             restore, which shares the node's CPUs), or
+             `STANDBY_AFTER_NEW_NODE_SECONDS` after the first group on a
+             node that replaced a lost one; only while in-place restarts
+             are left, CPU-only ranks (below)
     resources  none of their own: the bundle's CPUs belong to the running
              rank until it dies, and a standby runs only after it has (Ray
              accounts the rank's CPUs to the bundle, reserved for the job)
@@ -39,6 +41,17 @@ import typing
 STANDBY_AFTER_SECONDS = 2.0
 """A group's standbys start this long after it did (its ranks' start-up and
 restore go first; a warm standby is ready ~3-4 s later on 2 cores)."""
+STANDBY_AFTER_NEW_NODE_SECONDS = 10.0
+"""The same for the first group after a lost node was replaced: its new
+actors import torch and the trainer and restore from the peer while the new
+node starts up, and standbys importing beside them from 2 s on slowed that
+restart (Ray pod-loss MTTR, 2026-11-29 on the devcluster's 2 cores: 16.6 s
+median at 16:14 with standbys after 2 s, 13.6 s at 17:26 with them after
+10 s; group started -> "resumed" took 7.1-8.8 s in the first run's driver
+log). A group started by standbys, or a job's first group, keeps 2 s: its
+standbys must be ready for a failure that may come a few seconds later
+(with 10 s there, the in-place MTTR run's kills all found none: 5.1 s
+instead of 2.3 s)."""
 ANSWER_SECONDS = 30.0
 """How long the driver waits for the standbys to answer when it needs them
 (their imports take 3-4 s here); past it, fresh actors as before."""
@@ -58,14 +71,17 @@ def wanted(
     budget: int,
     running_seconds: float,
     have: bool,
+    new_node: bool,
 ) -> bool:
-    """Whether to start the next group's standbys now. Pure."""
+    """Whether to start the next group's standbys now (`new_node`: the running
+    group is the first after a lost node was replaced). Pure."""
+    after = STANDBY_AFTER_NEW_NODE_SECONDS if new_node else STANDBY_AFTER_SECONDS
     return (
         enabled
         and not have
         and gpus_per_rank == 0
         and restarts_done < budget
-        and running_seconds >= STANDBY_AFTER_SECONDS
+        and running_seconds >= after
     )
 
 
