@@ -95,11 +95,7 @@ def direct_target(req: planner.ReadItem, target: torch.Tensor, meta: dcp_metadat
     plain contiguous CPU tensor, the whole saved chunk wanted, of the dtype
     and shape `.metadata` gives it. Pure (the entry itself is checked after
     it arrived)."""
-    if req.type != planner.LoadItemType.TENSOR:
-        return False
-    if not tensorread.plain_cpu(target) or not target.is_contiguous() or target.numel() == 0:
-        return False
-    if list(req.storage_offsets) != [0] * target.dim() or list(req.lengths) != list(target.shape):
+    if req.type != planner.LoadItemType.TENSOR or not tensorread.whole_target(target, req):
         return False
     item = meta.state_dict_metadata.get(req.storage_index.fqn)
     if type(item) is not dcp_metadata.TensorStorageMetadata:

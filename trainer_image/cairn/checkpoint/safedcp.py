@@ -344,6 +344,10 @@ class Reader(filesystem.FileSystemReader):
         per_file: dict[str, list[planner.ReadItem]] = collections.defaultdict(list)
         for req in plan.items:
             per_file[self.storage_data[req.storage_index].relative_path].append(req)
+
+        def fallback(stream: typing.BinaryIO, req: planner.ReadItem) -> None:
+            self._read_entry(stream, req, planner_)
+
         for relative_path, reqs in per_file.items():
             if self._streams is not None and relative_path in self._streams.entries:
                 peerread.read_file(
@@ -352,7 +356,7 @@ class Reader(filesystem.FileSystemReader):
                     reqs,
                     meta=self._checked,
                     load_planner=planner_,
-                    fallback=lambda stream, req: self._read_entry(stream, req, planner_),
+                    fallback=fallback,
                     counts=self.counts,
                 )
                 continue
@@ -361,7 +365,7 @@ class Reader(filesystem.FileSystemReader):
                 reqs,
                 storage_data=self.storage_data,
                 load_planner=planner_,
-                fallback=lambda stream, req: self._read_entry(stream, req, planner_),
+                fallback=fallback,
                 counts=self.counts,
             )
         done: Future[None] = Future()

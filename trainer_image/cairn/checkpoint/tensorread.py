@@ -60,7 +60,7 @@ def target_bytes(target: torch.Tensor) -> memoryview:
     return memoryview(typing.cast(typing.Any, flat.numpy())).cast("B")
 
 
-def plain_cpu(target: torch.Tensor) -> bool:
+def _plain_cpu(target: torch.Tensor) -> bool:
     """A plain dense CPU tensor whose bytes are its values (no subclass, no
     quantized or sparse layout, no lazy conjugate/negative view)."""
     return (
@@ -73,6 +73,19 @@ def plain_cpu(target: torch.Tensor) -> bool:
     )
 
 
+def whole_target(target: torch.Tensor, req: planner.ReadItem) -> bool:
+    """Whether `req` fills all of `target` and `target`'s memory is its values
+    in order: a plain dense contiguous CPU tensor, not empty, no resharding
+    narrow. What a read straight into it needs of the target. Pure."""
+    return (
+        _plain_cpu(target)
+        and target.is_contiguous()
+        and target.numel() > 0
+        and list(req.storage_offsets) == [0] * target.dim()
+        and list(req.lengths) == list(target.shape)
+    )
+
+
 def record_offset(
     stream: typing.BinaryIO,
     info: filesystem._StorageInfo,
@@ -82,9 +95,7 @@ def record_offset(
     """The file offset of the entry's tensor bytes when they can be read
     straight into `target` (module docstring), else None. Reads the entry's
     zip directory and its pickle only."""
-    if not plain_cpu(target) or not target.is_contiguous() or target.numel() == 0:
-        return None
-    if sys.byteorder != "little":
+    if not whole_target(target, req) or sys.byteorder != "little":
         return None
     # DCP's own bounded view of one entry (what its reader gives torch.load).
     create_view = filesystem._create_file_view  # type: ignore[attr-defined]
@@ -108,8 +119,6 @@ def record_offset(
         or not saved.is_contiguous()
         or saved.storage_offset() != 0
         or saved.untyped_storage().nbytes() != nbytes
-        or list(req.storage_offsets) != [0] * target.dim()
-        or list(req.lengths) != list(target.shape)
     ):
         return None
     offset = getattr(saved.untyped_storage(), "_checkpoint_offset", None)
