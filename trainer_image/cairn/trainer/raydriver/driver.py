@@ -95,7 +95,8 @@ class Group:
     node_ids: list[str]
     started: float
     new_node: bool = False
-    """The first group after a lost node was replaced (`_replace_lost_nodes`)."""
+    """Some rank runs on another node than in the group before (a lost node
+    replaced, `_replace_lost_nodes`)."""
 
 
 class Driver:
@@ -126,8 +127,6 @@ class Driver:
         self._standby_generation: int | None = None
         self._standby_warming: list[typing.Any] = []
         """Their `prepare` results not yet seen (logged once all are in)."""
-        self._placed_again = False
-        """A lost node was replaced since the last group started."""
 
     # -- entry ------------------------------------------------------------------------
 
@@ -267,7 +266,6 @@ class Driver:
             self._place(order)
         except (ValueError, RuntimeError) as exc:
             return f"could not place the group on the new nodes: {exc}"
-        self._placed_again = True
         log.warning(
             "placed the group again after %.1fs: nodes %s (were %s)",
             time.monotonic() - started,
@@ -420,16 +418,16 @@ class Driver:
             if r != 0:
                 env["CAIRN_REPORT_STATUS"] = ""  # status is rank 0's (unset in the actor)
             runs.append(actor.run.remote(self.cfg.target, self.cfg.argv, env, self._monitor))
+        node_ids = [layout.selectors[r][placement.NODE_ID_LABEL] for r in range(len(actors))]
         group = Group(
             generation=generation,
             actors=actors,
             runs=runs,
             pids=[w["pid"] for w in wheres],
-            node_ids=[layout.selectors[r][placement.NODE_ID_LABEL] for r in range(len(actors))],
+            node_ids=node_ids,
             started=time.monotonic(),
-            new_node=self._placed_again,
+            new_node=bool(self.groups) and self.groups[-1].node_ids != node_ids,
         )
-        self._placed_again = False
         self.groups.append(group)
         log.info("group %d started: %d ranks, pids %s", generation, len(actors), group.pids)
         return group
