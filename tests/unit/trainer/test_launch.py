@@ -68,6 +68,12 @@ def test_operator_rendezvous_and_budget_reach_the_config(operator_env: None) -> 
     assert (config.rdzv_backend, config.rdzv_endpoint) == ("c10d", "job-a1-n0.job:29400")
     assert (config.run_id, config.max_restarts) == ("uid-a1", 2)
     assert config.rdzv_configs["is_host"] == "1"
+    assert config.monitor_interval == pytest.approx(0.02)  # 2 nodes: the rendezvous poll
+
+
+def test_a_monitor_interval_the_user_gave_is_kept(operator_env: None) -> None:
+    config, _ = launch.plan(["--monitor-interval", "0.5", "-m", "cairn.trainer.reference"])
+    assert config.monitor_interval == pytest.approx(0.5)
 
 
 def test_script_target(operator_env: None) -> None:
@@ -191,16 +197,31 @@ class _Agent:
         self.stops.append((death_sig, timeout))
 
 
-def test_a_restarted_groups_workers_get_seconds_not_half_a_minute() -> None:
+def test_a_restarted_groups_workers_are_killed_at_once_not_after_half_a_minute() -> None:
     agent_class = type("Agent", (_Agent,), {})
-    assert launch.stop_quickly_on_restart(agent_class, seconds=2)
-    assert launch.stop_quickly_on_restart(agent_class, seconds=2)  # wrapped once
+    assert launch.stop_quickly_on_restart(agent_class, reap_seconds=2)
+    assert launch.stop_quickly_on_restart(agent_class, reap_seconds=2)  # wrapped once
     agent = agent_class()
     agent._restart_workers(object())  # a worker failed or a node joined: restart in place
-    agent._shutdown()  # the agent's own end (the pod's SIGTERM): torch's 30 s
+    agent._shutdown()  # the agent's own end (the pod's SIGTERM): torch's SIGTERM and 30 s
     agent._shutdown(signal.SIGINT, 5)
-    assert agent.stops == [(signal.SIGTERM, 2), (signal.SIGTERM, 30), (signal.SIGINT, 5)]
+    assert agent.stops == [(signal.SIGKILL, 2), (signal.SIGTERM, 30), (signal.SIGINT, 5)]
     assert not agent.cairn_restarting
+
+
+def test_a_restart_that_raises_leaves_the_agents_own_shutdown_as_torchs() -> None:
+    class Failing(_Agent):
+        def _restart_workers(self, worker_group: object) -> None:
+            self._shutdown()
+            raise RuntimeError("rendezvous closed")
+
+    agent_class = type("Agent", (Failing,), {})
+    assert launch.stop_quickly_on_restart(agent_class)
+    agent = agent_class()
+    with pytest.raises(RuntimeError):
+        agent._restart_workers(object())
+    agent._shutdown()
+    assert agent.stops == [(signal.SIGKILL, launch.RESTART_REAP_SECONDS), (signal.SIGTERM, 30)]
 
 
 def test_an_agent_without_the_methods_keeps_torchs_stop() -> None:
@@ -253,11 +274,32 @@ def test_the_launcher_wraps_torchs_c10d_handler() -> None:
 
 
 @pytest.mark.parametrize(
-    ("nodes", "seconds"), [(1, 0.1), (2, 0.1), (10, 0.1), (25, 0.25), (100, 1.0), (5000, 1.0)]
+    ("nodes", "seconds"),
+    [(1, 0.02), (2, 0.02), (4, 0.04), (10, 0.1), (25, 0.25), (100, 1.0), (5000, 1.0)],
 )
 def test_the_rendezvous_poll_shrinks_only_for_small_jobs(nodes: int, seconds: float) -> None:
     # Every agent together reads the store about as often as torch's 1 s poll at 100 nodes.
     assert launch.rendezvous_poll_seconds(nodes) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "seconds"),
+    [
+        ([], {}, 0.02),  # not given: the rendezvous poll, shorter than torch's 0.1 s
+        (["--monitor-interval", "5"], {}, 0.1),  # given: torch's parse of it is kept
+        (["--monitor_interval=0.5"], {}, 0.1),
+        ([], {"PET_MONITOR_INTERVAL": "0.5"}, 0.1),
+        (["--monitor-intervals"], {}, 0.02),  # another flag's name
+    ],
+)
+def test_the_agents_monitor_interval_follows_the_poll_unless_given(
+    argv: list[str], environ: dict[str, str], seconds: float
+) -> None:
+    assert launch.monitor_seconds(0.1, argv, environ, 0.02) == pytest.approx(seconds)
+
+
+def test_a_poll_longer_than_torchs_monitor_interval_leaves_it() -> None:
+    assert launch.monitor_seconds(0.1, [], {}, 1.0) == pytest.approx(0.1)
 
 
 class _Holder:

@@ -23,13 +23,14 @@ Differences from plain torchrun, all deliberate: ``--no-python`` is refused (a
 binary cannot fork warm); ``--start-method`` is always ``forkserver``; a
 worker's ``sys.exit(0)`` (or ``None``) is a success, any other exit code is
 the worker's exit code, as with a subprocess; the surviving workers of a
-group restarted in place get 0.1 s, not 30, to exit after the agent's SIGTERM
-(`stop_quickly_on_restart`: a survivor blocked on its dead peer held every
-restart for the full 30 s); a node waiting on c10d's redundancy list counts
-as waiting (`replacement_counts_as_waiting`: a pod replaced in place is seen
-at once, not after its lost predecessor's heartbeats expire); and the agents
-poll the c10d rendezvous every 0.1 s for jobs of up to 10 nodes instead of
-every second (`rendezvous_polls_quickly`: both waits of a restart's round
+group restarted in place are SIGKILLed at once, not given 30 s after a
+SIGTERM (`stop_quickly_on_restart`: a survivor blocked on its dead peer held
+every restart for the full 30 s, and has nothing to save); a node waiting
+on c10d's redundancy list counts as waiting (`replacement_counts_as_waiting`:
+a pod replaced in place is seen at once, not after its lost predecessor's
+heartbeats expire); the agents poll the c10d rendezvous, and watch their
+workers, every 0.02 s at 2 nodes, 0.1 s at 10, instead of every second and
+every 0.1 s (`rendezvous_poll_seconds`: both waits of a restart's round
 were polls; torch's 1 s from 100 nodes on); and the agent logs a failed
 worker's traceback as text (`TracebackAsText`: torch's log formatter imports
 ``torch._dynamo`` the first time it formats a traceback, 1.3 s in the agent
@@ -196,7 +197,8 @@ def _standalone_defaults(args: typing.Any) -> None:
 
 
 def plan(argv: list[str]) -> tuple[typing.Any, list[str]]:
-    """torchrun's ``LaunchConfig`` for ``argv`` (forkserver) and the entrypoint's arguments.
+    """torchrun's ``LaunchConfig`` for ``argv`` (forkserver, the agent's monitor
+    interval at most the rendezvous poll unless given) and the entrypoint's arguments.
 
     Reads what torch's parser reads: ``argv`` and the ``PET_*`` variables the
     operator sets (rendezvous, ``--max-restarts``); may set ``OMP_NUM_THREADS``
@@ -209,6 +211,8 @@ def plan(argv: list[str]) -> tuple[typing.Any, list[str]]:
     _standalone_defaults(args)
     config, _cmd, _cmd_args = torchrun.config_from_args(args)
     config.start_method = START_METHOD
+    poll = rendezvous_poll_seconds(config.max_nodes)
+    config.monitor_interval = monitor_seconds(config.monitor_interval, argv, os.environ, poll)
     return config, entry_args
 
 
@@ -226,23 +230,28 @@ def _short_socket_dir() -> None:
         tempfile.tempdir = saved
 
 
-RESTART_STOP_SECONDS = 0.1
-"""How long a worker of a group being restarted in place may take to exit on
-SIGTERM before the agent SIGKILLs it (torch: 30 s, as for a final shutdown).
-A survivor is blocked on its dead peer (it never reaches the step boundary
-where SIGTERM's final checkpoint would start) and has nothing to save: the
-new group restores the newest committed step, and a commit is a rename, so
-a kill mid-write leaves only a temporary folder the next start removes.
-Enough for a worker without a SIGTERM handler (Python's default exits at
-once) to end on its own. 2 s until 2026-11-28, then 0.5 s: every kill's
-survivor used all of it ("Unable to shutdown process ... via 15")."""
+RESTART_REAP_SECONDS = 5.0
+"""How long the agent waits for the SIGKILLed workers of a group it restarts in
+place to be reaped (a process stuck in the kernel is then abandoned, as torch
+does after its own SIGKILL).
+
+A survivor is SIGKILLed at once, with no SIGTERM grace (torch: SIGTERM, then
+30 s, as for a final shutdown): it is blocked on its dead peer (it never
+reaches the step boundary where SIGTERM's final checkpoint would start) and
+has nothing to save: the new group restores the newest committed step, and a
+commit is a rename, so a kill mid-write leaves only a temporary folder the
+next start removes (a memory replica cut short fails its CRC32C at the
+peer). The grace was 2 s until 2026-11-28, then 0.5 s, then 0.1 s: in every
+kill measured the survivor used all of it ("Unable to shutdown process ...
+via 15"), so it only delayed the restart."""
 
 
 def stop_quickly_on_restart(
-    agent_class: typing.Any, *, seconds: float = RESTART_STOP_SECONDS
+    agent_class: typing.Any, *, reap_seconds: float = RESTART_REAP_SECONDS
 ) -> bool:
-    """Make `agent_class` (torch's LocalElasticAgent) give the surviving workers of
-    a group it restarts in place `seconds`, not 30, to exit after its SIGTERM.
+    """Make `agent_class` (torch's LocalElasticAgent) SIGKILL the surviving
+    workers of a group it restarts in place at once, waiting up to
+    `reap_seconds` for them to be reaped, instead of a SIGTERM and 30 s.
 
     A group is restarted because a worker failed or a node (re)joined: every
     worker restarts from the newest committed step, so a survivor has nothing
@@ -253,8 +262,8 @@ def stop_quickly_on_restart(
     "Unable to shutdown process ... via 15, forcefully exiting via 9" 30.0 s
     after the SIGTERM, the first kill of a run taking 35.8 s instead of ~6).
     A shutdown of the agent itself (the pod's SIGTERM, forwarded) keeps
-    torch's 30 s: there the final checkpoint is the point. False (torch's
-    behaviour kept) when this torch has no such methods."""
+    torch's SIGTERM and 30 s: there the final checkpoint is the point. False
+    (torch's behaviour kept) when this torch has no such methods."""
     restart = getattr(agent_class, "_restart_workers", None)
     shutdown = getattr(agent_class, "_shutdown", None)
     if restart is None or shutdown is None:
@@ -273,7 +282,9 @@ def stop_quickly_on_restart(
         self: typing.Any, death_sig: signal.Signals = signal.SIGTERM, timeout: float = 30
     ) -> None:
         if getattr(self, "cairn_restarting", False):
-            timeout = min(timeout, seconds)
+            # torch's close: death_sig, a wait of `timeout` for the processes
+            # to end, SIGKILL to those left, then up to `timeout` to reap each.
+            death_sig, timeout = signal.SIGKILL, min(timeout, reap_seconds)
         shutdown(self, death_sig, timeout)
 
     restart_workers.cairn_quick_stop = True  # type: ignore[attr-defined]
@@ -316,18 +327,37 @@ def replacement_counts_as_waiting(handler_class: typing.Any) -> bool:
 TORCH_POLL_SECONDS = 1.0
 """torch's c10d rendezvous: an agent waiting on the others re-reads the shared
 state every second, and serves a read from a cache up to a second old."""
-POLL_FLOOR_SECONDS = 0.1
+POLL_FLOOR_SECONDS = 0.02
+"""The shortest poll, for jobs of 1 and 2 nodes (0.1 s until 2026-11-29 for
+every job of up to 10 nodes: a 2-node restart waited out three such polls)."""
 STATE_READS_PER_SECOND = 100.0
 """What a job's agents together ask of the rendezvous store at most while they
 poll: torch's 1 s poll at 100 nodes."""
+MONITOR_FLAGS = ("--monitor-interval", "--monitor_interval")
+MONITOR_ENV = "PET_MONITOR_INTERVAL"
 
 
 def rendezvous_poll_seconds(max_nodes: int) -> float:
-    """How often an agent re-reads the c10d rendezvous state: 0.1 s up to 10
-    nodes, torch's 1 s from 100 nodes on, in between as many seconds as keep
-    every agent together at about 100 reads a second (as torch's poll does at
-    100 nodes). Pure."""
+    """How often an agent re-reads the c10d rendezvous state: as many seconds
+    as keep every agent together at about 100 reads a second (as torch's
+    poll does at 100 nodes): 0.02 s at 2 nodes (and 1), 0.1 s at 10, torch's
+    1 s from 100 nodes on. Pure."""
     return min(TORCH_POLL_SECONDS, max(POLL_FLOOR_SECONDS, max_nodes / STATE_READS_PER_SECOND))
+
+
+def monitor_seconds(
+    configured: float, argv: typing.Sequence[str], environ: typing.Mapping[str, str], poll: float
+) -> float:
+    """How often the agent checks its workers and asks the rendezvous whether a
+    node waits: what the user gave (``--monitor-interval`` or its ``PET_``
+    variable), else the rendezvous poll where that is shorter than torch's
+    default (`configured`, 0.1 s). A restart's first two waits are this loop:
+    the failed worker's agent notices its death on a tick, the survivor's
+    agent the waiting node on one. Pure."""
+    given = MONITOR_ENV in environ or any(
+        arg == flag or arg.startswith(flag + "=") for arg in argv for flag in MONITOR_FLAGS
+    )
+    return configured if given else min(configured, poll)
 
 
 def rendezvous_polls_quickly(module: typing.Any, *, seconds: float) -> bool:
@@ -425,7 +455,7 @@ def launch(config: typing.Any, entry_args: list[str], preload: list[str]) -> Non
     if not stop_quickly_on_restart(local_elastic_agent.LocalElasticAgent):
         log.warning(
             "this torch's elastic agent has no _restart_workers/_shutdown: "
-            "a restarted group's workers get torch's 30 s to exit"
+            "a restarted group's workers get torch's SIGTERM and 30 s to exit"
         )
     if not replacement_counts_as_waiting(dynamic_rendezvous.DynamicRendezvousHandler):
         log.warning(
