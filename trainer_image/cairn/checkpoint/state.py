@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint import state_dict as dcp_state_dict
 
-from cairn.checkpoint import safedcp
+from cairn.checkpoint import optimstate, safedcp
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,9 @@ class ModelOptimizerState:
     def state_dict(self) -> dict[str, typing.Any]:
         if not self.optimizers:
             return {"model": dcp_state_dict.get_model_state_dict(self.model)}
+        for optimizer in self.optimizers:
+            # DCP's template step over DTensors, made on the shards where that is exact.
+            optimstate.init_on_shards(optimizer)
         model_sd, optim_sd = dcp_state_dict.get_state_dict(self.model, self.optimizers)
         return {"model": model_sd, "optim": optim_sd}
 
