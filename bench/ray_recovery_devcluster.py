@@ -19,7 +19,7 @@ not the configured backoff) on the running devcluster and operator:
 
 Recovery = from the kill to the first line rank 0 appends to its losses file
 afterwards (the same head pod's file in place, counted once the new group is
-in ``status.ray`` after a loss; the new head pod's file after a gang
+in ``status.ray``, after a killed actor as after a loss; the new head pod's file after a gang
 restart), polled every 50 ms. Prints median, min and max per kind and
 writes the samples as JSON.
 """
@@ -100,9 +100,22 @@ class Bench:
             groups = rayjobs.group_pids(self.core, self.namespace, head)
             if not groups:
                 return
-            lines = rayjobs.loss_lines(state, self.namespace, head)
+            name = self.body["metadata"]["name"]
+            restarts = rayjobs.in_place_restarts(job, runtime="ray")
             killed_at = rayjobs.kill(groups[max(groups)][1])
-            watch, after = head, lines
+            # Rank 0's old actor can log the step it was finishing right after
+            # the kill (seen once as a 0.05 s sample): time to the first line
+            # after the driver recorded the new group (before the group starts).
+            rayjobs.wait_new_group(
+                self.custom,
+                self.namespace,
+                name,
+                after=restarts,
+                deadline=killed_at + STEP_TIMEOUT,
+                poll_seconds=0.05,
+                runtime="ray",
+            )
+            watch, after = head, rayjobs.loss_lines(state, self.namespace, head)
         elif self.kind == "lost":
             name = self.body["metadata"]["name"]
             pod = f"{name}-a{status['attempt']}-n1"
