@@ -302,6 +302,11 @@ def test_a_poll_longer_than_torchs_monitor_interval_leaves_it() -> None:
     assert launch.monitor_seconds(0.1, [], {}, 1.0) == pytest.approx(0.1)
 
 
+def test_a_monitor_interval_given_by_an_abbreviated_flag_is_kept() -> None:
+    # torch's parser takes "--monitor 0.5" for --monitor-interval: its value tells.
+    assert launch.monitor_seconds(0.5, ["--monitor", "0.5"], {}, 0.02) == pytest.approx(0.5)
+
+
 class _Holder:
     """torch's _BackendRendezvousStateHolder as far as the launcher touches it."""
 

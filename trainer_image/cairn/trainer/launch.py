@@ -335,6 +335,8 @@ STATE_READS_PER_SECOND = 100.0
 poll: torch's 1 s poll at 100 nodes."""
 MONITOR_FLAGS = ("--monitor-interval", "--monitor_interval")
 MONITOR_ENV = "PET_MONITOR_INTERVAL"
+TORCH_MONITOR_SECONDS = 0.1
+"""torchrun's default ``--monitor-interval``."""
 
 
 def rendezvous_poll_seconds(max_nodes: int) -> float:
@@ -353,9 +355,13 @@ def monitor_seconds(
     variable), else the rendezvous poll where that is shorter than torch's
     default (`configured`, 0.1 s). A restart's first two waits are this loop:
     the failed worker's agent notices its death on a tick, the survivor's
-    agent the waiting node on one. Pure."""
-    given = MONITOR_ENV in environ or any(
-        arg == flag or arg.startswith(flag + "=") for arg in argv for flag in MONITOR_FLAGS
+    agent the waiting node on one. Given means: the flag or the variable
+    seen, or a value other than torch's default (an abbreviated flag, which
+    torch's parser accepts). Pure."""
+    given = (
+        MONITOR_ENV in environ
+        or configured != TORCH_MONITOR_SECONDS
+        or any(arg == flag or arg.startswith(flag + "=") for arg in argv for flag in MONITOR_FLAGS)
     )
     return configured if given else min(configured, poll)
 
