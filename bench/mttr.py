@@ -192,15 +192,16 @@ class TorchrunBench:
             # Rank 0's worker can log the step it was finishing right after the
             # kill (seen once as a 0.00 s sample): time to the first line after
             # the new group is in status (recorded before its restore).
-            rayjobs.wait_new_group(
+            after = rayjobs.lines_once_new_group(
                 self.custom,
+                state,
                 self.namespace,
                 name,
+                head,
                 after=groups,
                 deadline=killed_at + STEP_TIMEOUT,
                 poll_seconds=0.05,
             )
-            after = rayjobs.loss_lines(state, self.namespace, head)
         stepped = rayjobs.wait_new_step(
             state, self.namespace, watch, after_lines=after, timeout=STEP_TIMEOUT
         )

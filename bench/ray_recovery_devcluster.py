@@ -106,16 +106,18 @@ class Bench:
             # Rank 0's old actor can log the step it was finishing right after
             # the kill (seen once as a 0.05 s sample): time to the first line
             # after the driver recorded the new group (before the group starts).
-            rayjobs.wait_new_group(
+            after = rayjobs.lines_once_new_group(
                 self.custom,
+                state,
                 self.namespace,
                 name,
+                head,
                 after=restarts,
                 deadline=killed_at + STEP_TIMEOUT,
                 poll_seconds=0.05,
                 runtime="ray",
             )
-            watch, after = head, rayjobs.loss_lines(state, self.namespace, head)
+            watch = head
         elif self.kind == "lost":
             name = self.body["metadata"]["name"]
             pod = f"{name}-a{status['attempt']}-n1"
@@ -126,16 +128,18 @@ class Bench:
             grace = {"grace_period_seconds": 0} if self.force else {}
             self.core.delete_namespaced_pod(pod, self.namespace, **grace)
             if self.body["spec"]["ray"]["maxInPlaceRestarts"] > 0:
-                rayjobs.wait_new_group(
+                after = rayjobs.lines_once_new_group(
                     self.custom,
+                    state,
                     self.namespace,
                     name,
+                    head,
                     after=restarts,
                     deadline=killed_at + STEP_TIMEOUT,
                     poll_seconds=0.05,
                     runtime="ray",
                 )
-                watch, after = head, rayjobs.loss_lines(state, self.namespace, head)
+                watch = head
             else:
                 watch, after = f"{name}-a{status['attempt'] + 1}-n0", 0
         else:

@@ -190,6 +190,32 @@ def wait_new_group(
         time.sleep(poll_seconds)
 
 
+def lines_once_new_group(
+    custom: client.CustomObjectsApi,
+    state_dir: pathlib.Path,
+    namespace: str,
+    name: str,
+    head: str,
+    *,
+    after: int,
+    deadline: float,
+    poll_seconds: float,
+    runtime: str = "torchrun",
+) -> int:
+    """The lines of ``head``'s step log once a new group is in status
+    (`wait_new_group`): a line past them is the new group's first step."""
+    wait_new_group(
+        custom,
+        namespace,
+        name,
+        after=after,
+        deadline=deadline,
+        poll_seconds=poll_seconds,
+        runtime=runtime,
+    )
+    return loss_lines(state_dir, namespace, head)
+
+
 def _children(pid: int) -> list[int]:
     out: list[int] = []
     for task in pathlib.Path(f"/proc/{pid}/task").glob("*"):

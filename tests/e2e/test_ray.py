@@ -252,16 +252,20 @@ def test_lost_worker_pod_is_replaced_in_place(
         lines = rayjobs.loss_lines(devcluster.state_dir, run.namespace, head)
         lost_at = time.monotonic()
         run.core.delete_namespaced_pod(worker, run.namespace)  # graceful, as a drain
-        rayjobs.wait_new_group(
-            run.custom,
-            run.namespace,
-            run.name,
-            after=rayjobs.in_place_restarts(job, runtime="ray"),
-            deadline=lost_at + RECOVERY_TIMEOUT,
-            poll_seconds=0.2,
-            runtime="ray",
+        lines = max(
+            lines,
+            rayjobs.lines_once_new_group(
+                run.custom,
+                devcluster.state_dir,
+                run.namespace,
+                run.name,
+                head,
+                after=rayjobs.in_place_restarts(job, runtime="ray"),
+                deadline=lost_at + RECOVERY_TIMEOUT,
+                poll_seconds=0.2,
+                runtime="ray",
+            ),
         )
-        lines = max(lines, rayjobs.loss_lines(devcluster.state_dir, run.namespace, head))
         stepped = rayjobs.wait_new_step(
             devcluster.state_dir, run.namespace, head, after_lines=lines, timeout=RECOVERY_TIMEOUT
         )

@@ -293,15 +293,16 @@ class PodLoser:
         # (with the replacement) is recorded; rank 0 may log a step or two of
         # the old group before it notices the loss.
         deadline = lost_at + RECOVERY_TIMEOUT
-        rayjobs.wait_new_group(
+        lines = rayjobs.lines_once_new_group(
             client.CustomObjectsApi(self.core.api_client),
+            self.state,
             self.namespace,
             self.name,
+            head,
             after=groups,
             deadline=deadline,
             poll_seconds=0.2,
         )
-        lines = rayjobs.loss_lines(self.state, self.namespace, head)
         while rayjobs.loss_lines(self.state, self.namespace, head) <= lines:
             assert time.monotonic() < deadline, f"no step {RECOVERY_TIMEOUT:.0f}s after the loss"
             time.sleep(rayjobs.POLL_SECONDS)
